@@ -1,0 +1,35 @@
+"""Host aggregation: every worker sends its gradient to the host CPU, which sums and sends
+the sum back (the seed's CPU aggregation). The host is a helper node, not a worker.
+
+Cost: 2 alpha_h + 2 N n beta_h + N (n / itemsize) gamma_h, where _h are the worker <-> host
+route's parameters; the host's link carries all N gradients in and N sums out.
+pcie-switch-4, 160 MB at 16 GB/s: 80 ms.
+"""
+
+import numpy as np
+
+from ..schedule import COPY, REDUCE, Schedule, transfers
+from ._common import Net, check_size
+
+HOST = "host"
+
+
+def schedule(workers: int, elements: int) -> Schedule:
+    """Build the host all-reduce; node ``workers`` is the host.
+
+    >>> schedule(4, 10).helpers
+    ('host',)
+    """
+    workers, elements = check_size(workers, elements)
+    everyone, host = np.arange(workers), workers
+    table = np.concatenate([transfers(0, everyone, host, 0, elements, REDUCE),
+                            transfers(1, host, everyone, 0, elements, COPY)])
+    return Schedule("host", workers, elements, table, helpers=(HOST,))
+
+
+def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) -> float:
+    """Closed-form time: ``cost(4, 160e6, Net(0, 1 / 16e9))`` is 0.08 s."""
+    alpha = net.alpha if net.host_alpha is None else net.host_alpha
+    beta = net.beta if net.host_beta is None else net.host_beta
+    gamma = net.gamma if net.host_gamma is None else net.host_gamma
+    return 2 * alpha + 2 * workers * nbytes * beta + workers * nbytes / itemsize * gamma

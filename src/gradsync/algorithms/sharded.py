@@ -1,0 +1,37 @@
+"""Sharded aggregation: worker j owns chunk j (1/N of the gradient). All workers send each
+chunk to its owner at once, owners sum, then send the summed chunk to everyone (the seed's
+distributed aggregation; a direct reduce-scatter plus all-gather).
+
+Cost: 2 alpha + 2 (N - 1)/N n beta + (N - 1)/N (n / itemsize) gamma, on a non-blocking switch
+where every link runs at full bandwidth at once. pcie-switch-4, 160 MB at 16 GB/s: 15 ms.
+"""
+
+import numpy as np
+
+from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
+from ._common import Net, check_size
+
+
+def schedule(workers: int, elements: int) -> Schedule:
+    """Build the sharded all-reduce: all-to-all reduce of chunks, then all-to-all copy.
+
+    >>> schedule(4, 10).rounds
+    2
+    """
+    workers, elements = check_size(workers, elements)
+    bounds = chunk_bounds(elements, workers)
+    src, owner = np.meshgrid(np.arange(workers), np.arange(workers), indexing="ij")
+    pairs = src != owner
+    src, owner = src[pairs], owner[pairs]
+    offset, count = bounds[owner], bounds[owner + 1] - bounds[owner]
+    table = np.concatenate([transfers(0, src, owner, offset, count, REDUCE),
+                            transfers(1, owner, src, offset, count, COPY)])
+    return Schedule("sharded", workers, elements, table)
+
+
+def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) -> float:
+    """Closed-form time: ``cost(4, 160e6, Net(0, 1 / 16e9))`` is 0.015 s."""
+    if workers == 1:
+        return 0.0
+    share = (workers - 1) / workers * nbytes
+    return 2 * net.alpha + 2 * share * net.beta + share / itemsize * net.gamma

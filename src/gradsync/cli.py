@@ -1,0 +1,222 @@
+"""The ``gradsync`` command line. Bad input: one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+import numpy as np
+
+from . import algorithms
+from .cost import default_options, net_for, predict
+from .errors import GradsyncError
+from .simulate import simulate
+from .topology import PRESETS, resolve
+from .tune import table
+from .units import format_size, format_time, parse_size
+
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
+class Cli(click.Group):
+    """A click group whose errors are one line and exit code 2, never a traceback."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except _NO_ARGS_IS_HELP as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+            sys.exit(2)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("gradsync: aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            click.echo(f"gradsync: error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except GradsyncError as exc:
+            click.echo(f"gradsync: error: {exc}", err=True)
+            sys.exit(2)
+
+
+class Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_size(value)
+        except GradsyncError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _topology(name, workers):
+    if workers is not None and workers < 1:
+        raise click.BadParameter(f"must be >= 1, got {workers}", param_hint="'--workers'")
+    return resolve(name, workers)
+
+
+def _parse_options(pairs) -> dict:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'--option'")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _emit(fmt, rows, render):
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        render(rows)
+
+
+def _print_table(headers, rows):
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(*headers, box=None, header_style="bold", pad_edge=False)
+    for row in rows:
+        t.add_row(*map(str, row))
+    Console(width=160).print(t)
+
+
+topology_option = click.option("--topology", "-t", default="pcie-switch-4", show_default=True,
+                               help=f"A preset ({', '.join(PRESETS)}) or a .toml/.json/.yaml file.")
+workers_option = click.option("--workers", "-n", type=int, default=None,
+                              help="Workers (sizes the ethernet preset; else the first N devices).")
+dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                             show_default=True)
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gradsync")
+def main():
+    """gradsync: gradient synchronization strategies, simulated, costed and compared."""
+
+
+@main.command()
+@topology_option
+@click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Gradient size, e.g. 160MB.")
+@workers_option
+@dtype_option
+@click.option("--algorithms", "names", default=",".join(algorithms.EXACT), show_default=True,
+              help="Comma-separated algorithms to compare.")
+@format_option
+def compare(topology, size, workers, dtype, names, fmt):
+    """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw."""
+    topo = _topology(topology, workers)
+    itemsize, n = DTYPES[dtype], len(topo.workers)
+    elements = size // itemsize
+    nbytes = elements * itemsize
+    rows = []
+    for name in [a.strip() for a in names.split(",") if a.strip()]:
+        options = default_options(name, topo, n)
+        result = simulate(algorithms.build(name, n, elements, **options), topo, itemsize)
+        link, link_bytes = result.busiest_channel()
+        algbw = nbytes / result.time if result.time > 0 else float("inf")
+        row = {"algorithm": name, "time_s": result.time,
+               "closed_form_s": predict(name, topo, n, nbytes, itemsize, **options),
+               "busiest_link": link, "busiest_link_bytes": link_bytes,
+               "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9}
+        if name == "ring":
+            net = net_for(topo, n, options)
+            bandwidth = sum(1 / b for b in net.ring_betas) if net.ring_betas else 1 / net.beta
+            row["approx_2n_over_B_s"] = 2 * nbytes / bandwidth
+            row["approx_bandwidth_Bps"] = bandwidth
+        rows.append(row)
+
+    def render(rows):
+        click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(nbytes)} {dtype}")
+        _print_table(["algorithm", "simulated", "closed form", "busiest link", "bytes on it", "algbw",
+                      "busbw"],
+                     [[r["algorithm"], format_time(r["time_s"]), format_time(r["closed_form_s"]),
+                       r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
+                       f"{r['busbw_GBps']:.3g} GB/s"] for r in rows])
+        for r in rows:
+            if "approx_2n_over_B_s" in r:
+                click.echo(f"ring, large-N approximation 2n/B with B = {r['approx_bandwidth_Bps'] / 1e9:.3g} GB/s "
+                           f"out of each worker: {format_time(r['approx_2n_over_B_s'])} "
+                           f"(exact 2(N-1)/N n/B plus latencies: {format_time(r['closed_form_s'])})")
+
+    _emit(fmt, rows, render)
+
+
+@main.command("simulate")
+@click.option("--algorithm", "-a", required=True, help=f"One of {', '.join(algorithms.REGISTRY)}.")
+@topology_option
+@click.option("--size", "-s", type=Size(), default="160MB", show_default=True)
+@workers_option
+@dtype_option
+@click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE",
+              help="Algorithm option, e.g. -o segments=16 (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the result with its timeline of transfers as JSON.")
+@format_option
+def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, fmt):
+    """Simulate one all-reduce on a topology; optionally write its timeline as JSON."""
+    topo = _topology(topology, workers)
+    itemsize, n = DTYPES[dtype], len(topo.workers)
+    options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
+    result = simulate(algorithms.build(algorithm, n, size // itemsize, **options), topo, itemsize)
+    summary = result.to_dict(timeline=False)
+    summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
+    if out:
+        try:
+            with open(out, "w") as fh:
+                json.dump(result.to_dict(timeline=True), fh)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot write {out!r}: {exc.strerror}", param_hint="'--out'")
+
+    def render(s):
+        click.echo(f"{algorithm} on {topo.name}, {n} workers, {format_size(s['bytes'])}: "
+                   f"{format_time(s['time_s'])} in {s['rounds']} rounds")
+        _print_table(["busiest links", "bytes", "busy"],
+                     [[l["channel"], format_size(l["bytes"]), format_time(l["busy_s"])] for l in s["links"][:5]])
+        if out:
+            click.echo(f"timeline written to {out}")
+
+    _emit(fmt, summary, render)
+
+
+@main.command()
+@topology_option
+@workers_option
+@dtype_option
+@click.option("--min-size", type=Size(), default="1KB", show_default=True)
+@click.option("--max-size", type=Size(), default="1GB", show_default=True)
+@format_option
+def tune(topology, workers, dtype, min_size, max_size, fmt):
+    """Print the fastest algorithm per message size and the sizes where the choice changes."""
+    topo = _topology(topology, workers)
+    if not 0 < min_size <= max_size:
+        raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
+    itemsize = DTYPES[dtype]
+    sizes = np.unique(np.geomspace(max(min_size, itemsize), max_size,
+                                   int(np.log2(max_size / max(min_size, itemsize))) // 2 + 2).astype(np.int64))
+    rows, crossovers = table(topo, sizes, itemsize)
+    out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows,
+           "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
+
+    def render(o):
+        click.echo(f"{topo.name}: {topo.description}; {o['workers']} workers")
+        names = list(rows[0]["times_s"])
+        _print_table(["size", "best"] + names,
+                     [[format_size(r["bytes"]), r["best"]] + [format_time(r["times_s"][a]) for a in names]
+                      for r in rows])
+        for c in o["crossovers"]:
+            click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
+
+    _emit(fmt, out, render)
+
+
+if __name__ == "__main__":
+    main()

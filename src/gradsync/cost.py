@@ -1,0 +1,68 @@
+"""Closed-form alpha-beta-gamma costs of the algorithms on a topology.
+
+Each algorithm module states its own formula (``cost``); this module reads the parameters
+off a topology: alpha is the route latency between two workers, beta 1 / the route's
+bottleneck bandwidth, gamma 1 / a worker's reduce rate. The formulas assume every worker
+sees the same route to every other (a switch); on meshes they are an estimate, and the
+simulator is the reference.
+"""
+
+from __future__ import annotations
+
+from . import algorithms
+from .algorithms._common import Net
+from .topology import Topology
+
+
+def ring_options(topology: Topology, workers: int) -> dict:
+    """The ring orders and weights a topology prefers for ``workers`` workers (may be empty)."""
+    if topology.rings and workers == len(topology.workers) and all(len(r) == workers for r in topology.rings):
+        return {"rings": [list(r) for r in topology.rings], "weights": list(topology.ring_weights)}
+    return {}
+
+
+def default_options(algorithm: str, topology: Topology, workers: int) -> dict:
+    """Options an algorithm gets on a topology when the user gives none."""
+    return ring_options(topology, workers) if algorithm == "ring" else {}
+
+
+def net_for(topology: Topology, workers: int, options: dict | None = None) -> Net:
+    """Alpha-beta-gamma parameters of ``topology`` for the first ``workers`` workers.
+
+    >>> from gradsync.topology import preset
+    >>> net_for(preset("pcie-switch-4"), 4).beta * 16e9
+    1.0
+    """
+    names = topology.workers[:workers]
+    a, b = (names[0], names[1]) if workers > 1 else (names[0], names[0])
+    alpha, beta = topology.path_alpha_beta(a, b)
+    rate = topology.reduce_rate(names[0])
+    gamma = 1.0 / rate if rate else 0.0
+    host = {}
+    if topology.host is not None:
+        host_alpha, host_beta = topology.path_alpha_beta(names[0], topology.host)
+        host_rate = topology.reduce_rate(topology.host)
+        host = dict(host_alpha=host_alpha, host_beta=host_beta,
+                    host_gamma=1.0 / host_rate if host_rate else 0.0)
+    ring_betas = ()
+    rings = (options or {}).get("rings")
+    if rings:
+        ring_betas = tuple(max(topology.path_alpha_beta(names[r[i]], names[r[(i + 1) % workers]])[1]
+                               for i in range(workers)) for r in rings)
+        alpha = max(topology.path_alpha_beta(names[r[i]], names[r[(i + 1) % workers]])[0]
+                    for r in rings for i in range(workers))
+    return Net(alpha, beta, gamma, ring_betas=ring_betas, **host)
+
+
+def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, itemsize: int = 4,
+            **options) -> float:
+    """Closed-form time of ``algorithm`` all-reducing ``nbytes`` over ``workers`` workers.
+
+    >>> from gradsync.topology import preset
+    >>> round(predict("sharded", preset("pcie-switch-4"), 4, 160e6), 4)
+    0.015
+    """
+    if not options:
+        options = default_options(algorithm, topology, workers)
+    module = algorithms.get(algorithm)
+    return module.cost(workers, nbytes, net_for(topology, workers, options), itemsize=itemsize, **options)

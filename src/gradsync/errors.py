@@ -1,0 +1,32 @@
+"""The exceptions gradsync raises.
+
+Two kinds of error, as in Gloo: bad input is a ``GradsyncError`` subclass raised at the
+boundary where the input enters, with the bad value, the rule and the reason in the message;
+broken internal logic is an ``AssertionError``.
+"""
+
+
+class GradsyncError(Exception):
+    """Base class of every error gradsync raises on purpose."""
+
+
+class ConfigError(GradsyncError, ValueError):
+    """A value given by the user breaks a rule (bad size, unknown algorithm, bad option).
+
+    Recoverable: nothing was changed; fix the value and call again.
+    """
+
+
+class TopologyError(ConfigError):
+    """A topology file or preset is malformed. The message names the bad field.
+
+    Recoverable: nothing was loaded.
+    """
+
+
+class ScheduleError(GradsyncError):
+    """A schedule fails verification (unmatched transfer, double-counted input, ...).
+
+    Not recoverable for that schedule: the algorithm that built it, or the file it came
+    from, is wrong.
+    """

@@ -1,0 +1,239 @@
+"""The schedule: one collective described as plain data.
+
+Vocabulary, used in names everywhere:
+
+- **worker**: one of the N participants holding a gradient (nodes 0..N-1). A schedule may add
+  **helper** nodes after them (node N, N+1, ...) that hold no gradient, like the host CPU.
+- **buffer**: each node's array of ``elements`` numbers; a helper's starts at zero.
+- **segment**: a contiguous range ``[offset, offset + count)`` of the buffer.
+- **chunk**: the segment one worker is responsible for (ring: 1/N of the buffer).
+- **round**: one step of the collective. In a round every node sends a snapshot of segments
+  of its buffer (as it was after the previous round) and applies what it receives.
+- **transfer**: one message of a round: ``src`` sends ``count`` elements at ``offset``; the
+  receiver either adds them into its buffer (``REDUCE``) or overwrites (``COPY``).
+- **compute**: local work in multiply-adds a node does in a round beyond its reductions
+  (encoding, decoding); the simulator charges it.
+
+A worker moves to its next round when the transfers of its previous round are done, so
+rounds are a per-worker order, not a global barrier.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from .errors import ScheduleError
+
+REDUCE, COPY, CODED = 0, 1, 2
+OP_NAMES = ("reduce", "copy", "coded")
+
+TRANSFER_DTYPE = np.dtype([("round", np.int32), ("src", np.int32), ("dst", np.int32),
+                           ("offset", np.int64), ("count", np.int64), ("op", np.uint8)])
+COMPUTE_DTYPE = np.dtype([("round", np.int32), ("node", np.int32), ("madds", np.int64)])
+
+
+def chunk_bounds(elements: int, parts: int, weights=None) -> np.ndarray:
+    """Return ``parts + 1`` offsets splitting ``elements`` into near-equal (or weighted) chunks.
+
+    >>> chunk_bounds(10, 4).tolist()
+    [0, 2, 5, 7, 10]
+    """
+    w = np.ones(parts) if weights is None else np.asarray(weights, dtype=float)
+    cum = np.concatenate([[0.0], np.cumsum(w)]) / w.sum()
+    return np.floor(cum * elements + 1e-9).astype(np.int64)
+
+
+def transfers(round, src, dst, offset, count, op) -> np.ndarray:
+    """Build a transfer table from broadcastable columns, dropping empty transfers.
+
+    >>> len(transfers(0, [1, 2], 0, 0, [5, 0], REDUCE))
+    1
+    """
+    cols = np.broadcast_arrays(*(np.asarray(c) for c in (round, src, dst, offset, count, op)))
+    table = np.empty(cols[0].size, TRANSFER_DTYPE)
+    for name, col in zip(TRANSFER_DTYPE.names, cols):
+        table[name] = col.ravel()
+    return table[table["count"] > 0]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """One all-reduce as data: rounds of transfers between nodes, plus local compute.
+
+    Build it with an algorithm module (``gradsync.algorithms.ring.schedule(4, 100)``) rather
+    than by hand. Transfers are a numpy table sorted by round (see ``TRANSFER_DTYPE``).
+
+    >>> from gradsync.algorithms import ring
+    >>> s = ring.schedule(4, 100)
+    >>> s.rounds, len(s.transfers)
+    (6, 24)
+    """
+
+    algorithm: str
+    workers: int
+    elements: int
+    transfers: np.ndarray
+    helpers: tuple[str, ...] = ()
+    compute: np.ndarray = field(default_factory=lambda: np.empty(0, COMPUTE_DTYPE))
+    options: dict = field(default_factory=dict)
+    codec: dict | None = None  # for CODED transfers: the name and parameters of the codec
+
+    def __post_init__(self):
+        order = np.argsort(self.transfers["round"], kind="stable")
+        object.__setattr__(self, "transfers", _frozen(self.transfers[order]))
+        object.__setattr__(self, "compute", _frozen(self.compute))
+        object.__setattr__(self, "helpers", tuple(self.helpers))
+
+    @property
+    def nodes(self) -> int:
+        return self.workers + len(self.helpers)
+
+    @property
+    def rounds(self) -> int:
+        last = [a["round"].max() for a in (self.transfers, self.compute) if len(a)]
+        return int(max(last)) + 1 if last else 0
+
+    @cached_property
+    def round_starts(self) -> np.ndarray:
+        """Index of the first transfer of each round (length rounds + 1)."""
+        return np.searchsorted(self.transfers["round"], np.arange(self.rounds + 1))
+
+    def round(self, r: int) -> np.ndarray:
+        """The transfers of round ``r``."""
+        return self.transfers[self.round_starts[r]:self.round_starts[r + 1]]
+
+    def elements_sent(self) -> np.ndarray:
+        """Elements each node sends over the whole collective (length ``nodes``)."""
+        return np.bincount(self.transfers["src"], weights=self.transfers["count"],
+                           minlength=self.nodes).astype(np.int64)
+
+    # --- serialization -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """A JSON-ready dict; transfers are stored column by column."""
+        return {
+            "format": "gradsync.schedule/1",
+            "algorithm": self.algorithm, "workers": self.workers, "elements": self.elements,
+            "helpers": list(self.helpers), "options": self.options, "codec": self.codec,
+            "transfers": {n: self.transfers[n].tolist() for n in TRANSFER_DTYPE.names},
+            "compute": {n: self.compute[n].tolist() for n in COMPUTE_DTYPE.names},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Schedule":
+        """Rebuild a schedule from ``to_dict`` output; raises ``ScheduleError`` if malformed."""
+        try:
+            if data.get("format") != "gradsync.schedule/1":
+                raise ScheduleError(f"not a gradsync schedule: format {data.get('format')!r}")
+
+            def table(cols, dtype):
+                lengths = {len(cols[n]) for n in dtype.names}
+                if len(lengths) > 1:
+                    raise ScheduleError(f"columns of different lengths: {sorted(lengths)}")
+                out = np.empty(lengths.pop() if lengths else 0, dtype)
+                for n in dtype.names:
+                    out[n] = cols[n]
+                return out
+
+            return cls(algorithm=str(data["algorithm"]), workers=int(data["workers"]),
+                       elements=int(data["elements"]), helpers=tuple(data.get("helpers", ())),
+                       transfers=table(data["transfers"], TRANSFER_DTYPE),
+                       compute=table(data["compute"], COMPUTE_DTYPE),
+                       options=dict(data.get("options") or {}), codec=data.get("codec"))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ScheduleError(f"malformed schedule: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        return cls.from_dict(json.loads(text))
+
+
+def _fail(msg: str, t=None):
+    if t is not None:
+        msg = (f"round {t['round']}: transfer {t['src']} -> {t['dst']} "
+               f"[{t['offset']}, {t['offset'] + t['count']}) {OP_NAMES[t['op']]}: {msg}")
+    raise ScheduleError(msg)
+
+
+def verify(schedule: Schedule) -> None:
+    """Check a schedule; raise ``ScheduleError`` naming the first problem found.
+
+    Checks that every transfer's endpoints and segment exist; that no node writes one element
+    twice in a round with a COPY involved (the result would depend on arrival order); that no
+    node sends a segment before anything has arrived in it (a helper's empty buffer); and,
+    executing the schedule symbolically, that no input is ever added twice and that every
+    worker ends holding every worker's input exactly once. CODED transfers carry encoded
+    packets whose meaning belongs to a codec, so only their structure is checked here.
+
+    >>> from gradsync.algorithms import ring
+    >>> verify(ring.schedule(5, 13))
+    """
+    s, t = schedule, schedule.transfers
+    if s.workers < 1 or s.elements < 0:
+        _fail(f"need workers >= 1 and elements >= 0, got {s.workers} and {s.elements}")
+    bad = ((t["src"] < 0) | (t["src"] >= s.nodes) | (t["dst"] < 0) | (t["dst"] >= s.nodes)
+           | (t["src"] == t["dst"]) | (t["count"] <= 0) | (t["op"] > CODED) | (t["round"] < 0))
+    if s.codec is None:
+        bad |= (t["offset"] < 0) | (t["offset"] + t["count"] > s.elements) | (t["op"] == CODED)
+    if bad.any():
+        _fail(f"endpoints must be distinct nodes in 0..{s.nodes - 1}, segments inside "
+              f"0..{s.elements}, CODED only with a codec", t[np.argmax(bad)])
+    if s.codec is not None:
+        return
+    _check_write_conflicts(t)
+    _execute_symbolically(s)
+
+
+def _check_write_conflicts(t: np.ndarray) -> None:
+    order = np.lexsort((t["offset"], t["dst"], t["round"]))
+    a, b = t[order[:-1]], t[order[1:]]
+    clash = ((a["round"] == b["round"]) & (a["dst"] == b["dst"])
+             & (b["offset"] < a["offset"] + a["count"]) & ((a["op"] == COPY) | (b["op"] == COPY)))
+    if clash.any():
+        _fail("another transfer of the same round writes the same elements of this node "
+              "with a copy", b[np.argmax(clash)])
+
+
+def _execute_symbolically(s: Schedule) -> None:
+    """Track, per node and elementary interval, the set of worker inputs held (as bits)."""
+    t = s.transfers
+    cuts = np.unique(np.concatenate([[0, s.elements], t["offset"], t["offset"] + t["count"]]))
+    nwords = (s.workers + 7) // 8
+    own = np.packbits(np.eye(s.workers, dtype=bool), axis=1)          # worker w holds bit w
+    held = np.zeros((s.nodes, max(len(cuts) - 1, 0), nwords), np.uint8)
+    held[:s.workers] = own[:, None, :]
+    first = np.searchsorted(cuts, t["offset"])
+    last = np.searchsorted(cuts, t["offset"] + t["count"])
+    for r in range(s.rounds):
+        lo, hi = s.round_starts[r], s.round_starts[r + 1]
+        payloads = [held[t["src"][i], first[i]:last[i]].copy() for i in range(lo, hi)]
+        for i, payload in zip(range(lo, hi), payloads):
+            if not payload.any(axis=-1).all():
+                _fail("sends elements that hold no input yet (read before arrival)", t[i])
+            dst = held[t["dst"][i], first[i]:last[i]]
+            if t["op"][i] == COPY:
+                dst[...] = payload
+            else:
+                overlap = np.unpackbits(dst & payload, axis=-1, count=s.workers).any(axis=0)
+                if overlap.any():
+                    _fail(f"worker {np.flatnonzero(overlap)[0]}'s input would be counted twice", t[i])
+                dst |= payload
+    full = np.packbits(np.ones(s.workers, dtype=bool))
+    done = (held[:s.workers] == full).all(axis=-1)
+    if not done.all():
+        w, iv = np.argwhere(~done)[0]
+        missing = np.flatnonzero(~np.unpackbits(held[w, iv], count=s.workers).astype(bool))
+        _fail(f"worker {w} ends without the input of worker(s) {missing[:8].tolist()} "
+              f"in elements [{cuts[iv]}, {cuts[iv + 1]})")

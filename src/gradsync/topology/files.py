@@ -1,0 +1,145 @@
+"""Load topologies from TOML, JSON or YAML files, with errors that name the bad field.
+
+Example (TOML)::
+
+    name = "two-gpus"
+    workers = ["gpu0", "gpu1"]
+    host = "cpu"
+    nodes = [{name = "gpu0", kind = "gpu"}, {name = "gpu1", kind = "gpu"},
+             {name = "cpu", kind = "cpu"}, {name = "sw", kind = "switch"}]
+    links = [{a = "gpu0", b = "sw", bandwidth = "16GB/s", latency = "1us"},
+             {a = "gpu1", b = "sw", bandwidth = "16GB/s"}, {a = "cpu", b = "sw", bandwidth = "16GB/s"}]
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import ConfigError, TopologyError
+from ..units import parse_bandwidth, parse_time
+from .model import Link, Node, Topology
+
+MAX_FILE_BYTES = 16 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSpec(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    kind: Literal["gpu", "cpu", "host", "switch", "nic"]
+    reduce_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class LinkSpec(_Strict):
+    a: str
+    b: str
+    bandwidth: float | str
+    latency: float | str = 0.0
+    duplex: Literal["full", "half"] = "full"
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _bandwidth(cls, v):
+        try:
+            return parse_bandwidth(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("latency")
+    @classmethod
+    def _latency(cls, v):
+        try:
+            return parse_time(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+class TopologySpec(_Strict):
+    name: str = Field(default="custom", max_length=200)
+    description: str = Field(default="", max_length=2000)
+    nodes: list[NodeSpec] = Field(min_length=1, max_length=100_000)
+    links: list[LinkSpec] = Field(min_length=1, max_length=1_000_000)
+    workers: list[str] = Field(min_length=1)
+    host: str | None = None
+    rings: list[list[int]] | None = None
+    ring_weights: list[float] | None = None
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}"
+
+
+def from_dict(data, source: str = "topology") -> Topology:
+    """Build a topology from a parsed file; raise ``TopologyError`` naming the bad field.
+
+    >>> t = from_dict({"nodes": [{"name": "a", "kind": "gpu"}, {"name": "b", "kind": "gpu"}],
+    ...                "links": [{"a": "a", "b": "b", "bandwidth": "10GB/s"}], "workers": ["a", "b"]})
+    >>> t.links[0].bandwidth
+    10000000000.0
+    """
+    if not isinstance(data, dict):
+        raise TopologyError(f"{source}: expected a table/object at the top level, got {type(data).__name__}")
+    try:
+        spec = TopologySpec.model_validate(data)
+    except ValidationError as exc:
+        raise TopologyError(f"{source}: {_first_error(exc)}") from None
+    rings = None
+    if spec.rings is not None:
+        n = len(spec.workers)
+        for k, ring in enumerate(spec.rings):
+            if sorted(ring) != list(range(n)):
+                raise TopologyError(f"{source}: rings.{k}: must be a permutation of 0..{n - 1}")
+        rings = tuple(tuple(r) for r in spec.rings)
+        weights = spec.ring_weights or [1.0] * len(rings)
+        if len(weights) != len(rings) or min(weights) <= 0:
+            raise TopologyError(f"{source}: ring_weights: need {len(rings)} positive numbers")
+    try:
+        return Topology(
+            spec.name, tuple(Node(n.name, n.kind, n.reduce_rate) for n in spec.nodes),
+            tuple(Link(l.a, l.b, l.bandwidth, l.latency, l.duplex) for l in spec.links),
+            tuple(spec.workers), spec.host, rings,
+            tuple(weights) if rings else None, spec.description)
+    except TopologyError as exc:
+        raise TopologyError(f"{source}: {exc}") from None
+
+
+def load(path: str | Path) -> Topology:
+    """Load a topology from a ``.toml``, ``.json``, ``.yaml`` or ``.yml`` file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".toml", ".json", ".yaml", ".yml"):
+        raise TopologyError(f"{path}: unknown file type {suffix!r}: expected .toml, .json, .yaml or .yml")
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise TopologyError(f"{path}: file is larger than {MAX_FILE_BYTES >> 20} MiB")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"{path}: cannot read: {exc}") from None
+    return loads(text, suffix, source=str(path))
+
+
+def loads(text: str, suffix: str, source: str = "topology") -> Topology:
+    """Parse topology text of the given file type (``.toml``, ``.json``, ``.yaml``)."""
+    try:
+        if suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, yaml.YAMLError, ValueError,
+            RecursionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TopologyError(f"{source}: not valid {suffix[1:].upper()}: {first}") from None
+    return from_dict(data, source)

@@ -1,0 +1,173 @@
+"""Topology: devices, host CPUs and switches joined by links, and routes between them.
+
+A link joins two nodes with a bandwidth per direction (bytes/s) and a latency (seconds). A
+full-duplex link is two independent directed channels; a half-duplex one is one shared
+channel. Routes are fewest-time paths (latency plus 1 MB at the link's bandwidth), so NVLink
+is preferred over PCIe where both exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+
+from ..errors import TopologyError
+
+NODE_KINDS = ("gpu", "cpu", "host", "switch", "nic")
+_ROUTE_PROBE_BYTES = 1e6
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    kind: str
+    reduce_rate: float | None = None   # elements (multiply-adds) per second; None: free
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    bandwidth: float                   # bytes per second, per direction
+    latency: float = 0.0               # seconds
+    duplex: str = "full"
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """Nodes and links, where the workers run, and where the host (helper) runs.
+
+    ``workers`` names the devices workers 0..N-1 are placed on; ``host`` the node a host
+    aggregation runs on; ``rings`` optional ring orders (worker indices) that use the links
+    best, with ``ring_weights`` (their bandwidths) for splitting data between them.
+
+    >>> from gradsync.topology import preset
+    >>> t = preset("pcie-switch-4")
+    >>> [t.nodes[i].name for i in t.route_nodes("gpu0", "gpu1")]
+    ['gpu0', 'switch', 'gpu1']
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+    workers: tuple[str, ...]
+    host: str | None = None
+    rings: tuple[tuple[int, ...], ...] | None = None
+    ring_weights: tuple[float, ...] | None = None
+    description: str = ""
+    _routes: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise TopologyError(f"nodes: name {dup!r} appears twice")
+        known = set(names)
+        for i, link in enumerate(self.links):
+            for end in ("a", "b"):
+                if getattr(link, end) not in known:
+                    raise TopologyError(f"links.{i}.{end}: unknown node {getattr(link, end)!r}")
+            if link.a == link.b:
+                raise TopologyError(f"links.{i}: joins node {link.a!r} to itself")
+        if not self.workers:
+            raise TopologyError("workers: at least one worker device is needed")
+        for i, w in enumerate(self.workers):
+            if w not in known:
+                raise TopologyError(f"workers.{i}: unknown node {w!r}")
+        if self.host is not None and self.host not in known:
+            raise TopologyError(f"host: unknown node {self.host!r}")
+        if not nx.is_connected(self.graph):
+            parts = sorted(sorted(c) for c in nx.connected_components(self.graph))
+            raise TopologyError(f"links: the nodes are not all connected: {parts[:2]} ...")
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        g = nx.Graph()
+        g.add_nodes_from(n.name for n in self.nodes)
+        for i, link in enumerate(self.links):
+            cost = link.latency + _ROUTE_PROBE_BYTES / link.bandwidth
+            if not g.has_edge(link.a, link.b) or cost < g.edges[link.a, link.b]["cost"]:
+                g.add_edge(link.a, link.b, cost=cost, link=i)
+        return g
+
+    @cached_property
+    def channel_capacity(self) -> np.ndarray:
+        """Bandwidth of each directed channel: 2 per link (a->b, b->a; one shared if half duplex)."""
+        return np.repeat([l.bandwidth for l in self.links], 2).astype(float)
+
+    @cached_property
+    def _tree(self):
+        """Parents and depths from the first node, when the graph is a tree (fast routing)."""
+        if not nx.is_tree(self.graph):
+            return None
+        root = self.nodes[0].name
+        parent = {root: None}
+        parent.update(dict(nx.bfs_predecessors(self.graph, root)))
+        depth = nx.single_source_shortest_path_length(self.graph, root)
+        return parent, depth
+
+    def route_nodes(self, a: str, b: str) -> list[int]:
+        """Node indices along the route from ``a`` to ``b``, both included."""
+        key = (a, b)
+        if key not in self._routes:
+            if self._tree is not None:
+                parent, depth = self._tree
+                up, down = [a], [b]
+                while up[-1] != down[-1]:
+                    if depth[up[-1]] >= depth[down[-1]]:
+                        up.append(parent[up[-1]])
+                    else:
+                        down.append(parent[down[-1]])
+                path = up + down[-2::-1]
+            else:
+                path = nx.shortest_path(self.graph, a, b, weight="cost")
+            self._routes[key] = [self.index[n] for n in path]
+        return self._routes[key]
+
+    def route(self, a: str, b: str) -> tuple[list[int], float]:
+        """Directed channel ids along the route from ``a`` to ``b``, and its total latency."""
+        path = self.route_nodes(a, b)
+        channels, latency = [], 0.0
+        for u, v in zip(path, path[1:]):
+            i = self.graph.edges[self.nodes[u].name, self.nodes[v].name]["link"]
+            link = self.links[i]
+            forward = link.a == self.nodes[u].name or link.duplex == "half"
+            channels.append(2 * i + (0 if forward else 1))
+            latency += link.latency
+        return channels, latency
+
+    def path_alpha_beta(self, a: str, b: str) -> tuple[float, float]:
+        """Latency and seconds per byte (1 / bottleneck bandwidth) of the route a -> b."""
+        channels, latency = self.route(a, b)
+        if not channels:
+            return 0.0, 0.0
+        return latency, 1.0 / self.channel_capacity[channels].min()
+
+    def reduce_rate(self, name: str) -> float | None:
+        return self.nodes[self.index[name]].reduce_rate
+
+    def with_workers(self, count: int) -> "Topology":
+        """This topology using only its first ``count`` worker devices."""
+        if not 1 <= count <= len(self.workers):
+            raise TopologyError(f"workers: topology {self.name!r} has {len(self.workers)} worker "
+                                f"devices, cannot place {count}")
+        if count == len(self.workers):
+            return self
+        return Topology(self.name, self.nodes, self.links, self.workers[:count], self.host,
+                        description=self.description)
+
+    def summary(self) -> dict:
+        """A JSON-ready description (for the browser and ``--format json``)."""
+        return {"name": self.name, "description": self.description,
+                "nodes": [{"name": n.name, "kind": n.kind} for n in self.nodes],
+                "links": [{"a": l.a, "b": l.b, "bandwidth": l.bandwidth, "latency": l.latency,
+                           "duplex": l.duplex} for l in self.links],
+                "workers": list(self.workers), "host": self.host,
+                "rings": [list(r) for r in self.rings] if self.rings else None}
