@@ -141,6 +141,9 @@ def compare(topology, size, workers, dtype, names, fmt):
                      [[r["algorithm"], format_time(r["time_s"]), format_time(r["closed_form_s"]),
                        r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
                        f"{r['busbw_GBps']:.3g} GB/s"] for r in rows])
+        if not topo.is_tree:
+            click.echo("note: closed forms assume every pair of workers meets through one switch; "
+                       "on this mesh the simulated column is the reference")
         for r in rows:
             if "approx_2n_over_B_s" in r:
                 click.echo(f"ring, large-N approximation 2n/B with B = {r['approx_bandwidth_Bps'] / 1e9:.3g} GB/s "

@@ -17,10 +17,10 @@ OPS = ("sum", "avg")
 _HAZARD_CHECK_LIMIT = 1 << 22   # above this many read/write pairs in a round, just copy
 
 
-def check_inputs(inputs) -> np.ndarray:
-    """Stack N equal-shaped numeric arrays into one (N, elements) array, or raise ConfigError."""
+def check_inputs(inputs) -> list[np.ndarray]:
+    """Return the inputs as N equal-shaped numeric arrays, or raise ConfigError naming the odd one."""
     if isinstance(inputs, np.ndarray):
-        arrays = list(inputs) if inputs.ndim >= 1 else None
+        arrays = list(inputs) if inputs.ndim >= 1 else []
     else:
         arrays = [np.asarray(a) for a in inputs]
     if not arrays:
@@ -32,7 +32,7 @@ def check_inputs(inputs) -> np.ndarray:
                               f"worker 0's has {ref.shape} and {ref.dtype}: all must match")
     if ref.dtype.kind not in "iuf":
         raise ConfigError(f"dtype {ref.dtype} is not supported: expected an integer or float type")
-    return np.stack([a.reshape(-1) for a in arrays])
+    return arrays
 
 
 def _reads_race_writes(t: np.ndarray) -> bool:
@@ -73,11 +73,11 @@ def emulate(algorithm: str | Schedule, inputs, op: str = "sum", **options) -> np
     """
     if op not in OPS:
         raise ConfigError(f"op must be one of {', '.join(OPS)}, got {op!r}")
-    stacked = check_inputs(inputs)
-    workers, elements = stacked.shape
-    if op == "avg" and stacked.dtype.kind != "f":
-        raise ConfigError(f"op 'avg' needs a float dtype, got {stacked.dtype}: use 'sum' and divide")
-    shape = np.asarray(inputs[0]).shape
+    arrays = check_inputs(inputs)
+    workers, shape, dtype = len(arrays), arrays[0].shape, arrays[0].dtype
+    elements = arrays[0].size
+    if op == "avg" and dtype.kind != "f":
+        raise ConfigError(f"op 'avg' needs a float dtype, got {dtype}: use 'sum' and divide")
     if isinstance(algorithm, Schedule):
         schedule = algorithm
         if (schedule.workers, schedule.elements) != (workers, elements):
@@ -85,14 +85,16 @@ def emulate(algorithm: str | Schedule, inputs, op: str = "sum", **options) -> np
                               f"elements, inputs are {workers} x {elements}")
     else:
         schedule = algorithms.build(algorithm, workers, elements, **options)
+    buffers = np.empty((schedule.nodes, elements), dtype)   # one copy of the inputs, no more
+    for w, a in enumerate(arrays):
+        buffers[w] = a.reshape(-1)
+    buffers[workers:] = 0
     if schedule.codec is not None:
         from . import codecs
-        result = codecs.get(schedule.codec).emulate(schedule, stacked)
+        result = codecs.get(schedule.codec).emulate(schedule, buffers[:workers])
     else:
-        result = np.zeros((schedule.nodes, elements), stacked.dtype)
-        result[:workers] = stacked
-        run_schedule(schedule, result)
-        result = result[:workers]
+        run_schedule(schedule, buffers)
+        result = buffers[:workers]
     if op == "avg":
         result /= workers
     return result.reshape(workers, *shape)

@@ -113,6 +113,11 @@ class Topology:
         depth = nx.single_source_shortest_path_length(self.graph, root)
         return parent, depth
 
+    @property
+    def is_tree(self) -> bool:
+        """True when there is one route between any two nodes (switches, no meshes)."""
+        return self._tree is not None
+
     def route_nodes(self, a: str, b: str) -> list[int]:
         """Node indices along the route from ``a`` to ``b``, both included."""
         key = (a, b)

@@ -1,0 +1,86 @@
+"""The command line, run as a user runs it: output, JSON, and one-line errors with exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def gradsync(*args):
+    return subprocess.run([sys.executable, "-m", "gradsync", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_compare_reproduces_the_seed_figures():
+    run = gradsync("compare", "--topology", "pcie-switch-4", "--size", "160MB", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    rows = {r["algorithm"]: r for r in json.loads(run.stdout)}
+    assert rows["central"]["time_s"] == pytest.approx(0.060, rel=1e-3)
+    assert rows["host"]["time_s"] == pytest.approx(0.080, rel=1e-3)
+    assert rows["sharded"]["time_s"] == pytest.approx(0.015, rel=1e-3)
+    assert rows["sharded"]["busbw_GBps"] == pytest.approx(16, rel=1e-3)
+    assert set(rows) == {"central", "host", "sharded", "ring", "tree", "halving_doubling"}
+
+
+def test_compare_p3_ring_shows_exact_and_seed_approximation():
+    run = gradsync("compare", "--topology", "p3.16xlarge", "--size", "160MB")
+    assert run.returncode == 0, run.stderr
+    assert "5.93 ms" in run.stdout and "54 GB/s" in run.stdout
+    ring = next(r for r in json.loads(gradsync("compare", "-t", "p3.16xlarge", "--format", "json").stdout)
+                if r["algorithm"] == "ring")
+    assert 5.1e-3 <= ring["time_s"] <= 6.0e-3
+    assert ring["closed_form_s"] == pytest.approx(ring["time_s"], rel=0.01)
+    assert ring["approx_2n_over_B_s"] == pytest.approx(2 * 160e6 / 54e9)
+
+
+def test_simulate_writes_a_timeline(tmp_path):
+    out = tmp_path / "run.json"
+    run = gradsync("simulate", "--algorithm", "ring", "--topology", "ethernet", "--workers", "6",
+                   "--size", "1MB", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    data = json.loads(out.read_text())
+    assert data["workers"] == 6 and len(data["timeline"]["done"]) == 2 * 5 * 6
+
+
+def test_simulate_takes_algorithm_options():
+    run = gradsync("simulate", "-a", "tree", "-t", "ethernet", "-n", "4", "-s", "1MB", "-o", "segments=3",
+                   "--format", "json")
+    assert json.loads(run.stdout)["rounds"] == 3 + 2 * 2 - 1
+
+
+def test_tune_names_a_crossover():
+    run = gradsync("tune", "--topology", "lowbw-cluster", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["crossovers"] and all(r["best"] == min(r["times_s"], key=r["times_s"].get) for r in data["rows"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compare", "--size", "12XB"], "bad size '12XB'"),
+    (["compare", "--topology", "nope"], "unknown topology 'nope'"),
+    (["compare", "--workers", "9"], "cannot place 9"),
+    (["compare", "--algorithms", "ring,rign"], "unknown algorithm 'rign'"),
+    (["simulate", "-a", "tree", "-o", "segments=0"], "segments must be an integer >= 1"),
+    (["simulate", "-a", "ring", "-o", "nonsense"], "expected KEY=VALUE"),
+    (["simulate"], "Missing option '--algorithm'"),
+    (["tune", "--min-size", "1GB", "--max-size", "1KB"], "--min-size <= --max-size"),
+    (["compare", "--bogus"], "No such option"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, needle):
+    run = gradsync(*args)
+    assert run.returncode == 2
+    assert needle in run.stderr and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+def test_bad_topology_file_is_one_line(tmp_path):
+    bad = tmp_path / "t.yaml"
+    bad.write_text("nodes: [{name: a, kind: gpu}]\nlinks: [{a: a, b: a, bandwidth: 1GB/s}]\nworkers: [a]\n")
+    run = gradsync("compare", "--topology", str(bad))
+    assert run.returncode == 2 and "links.0: joins node 'a' to itself" in run.stderr
+    assert run.stderr.count("\n") == 1
+
+
+def test_every_command_has_help():
+    for cmd in ([], ["compare"], ["simulate"], ["tune"]):
+        run = gradsync(*cmd, "--help")
+        assert run.returncode == 0 and "Usage:" in run.stdout

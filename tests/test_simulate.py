@@ -1,0 +1,124 @@
+"""The simulator against the seed's figures, hand-worked max-min sharing, and the closed forms."""
+
+import numpy as np
+import pytest
+
+from gradsync import Schedule, schedule
+from gradsync.algorithms import EXACT
+from gradsync.cost import default_options, predict
+from gradsync.schedule import REDUCE, transfers
+from gradsync.simulate import simulate
+from gradsync.topology import Link, Node, Topology, preset
+
+MB = 10**6
+
+
+def star(bandwidths, latency=0.0, rate=None):
+    nodes = [Node(f"w{i}", "gpu", rate) for i in range(len(bandwidths))] + [Node("sw", "switch")]
+    links = [Link(f"w{i}", "sw", b, latency) for i, b in enumerate(bandwidths)]
+    return Topology("star", tuple(nodes), tuple(links), tuple(n.name for n in nodes[:-1]))
+
+
+def handmade(workers, rows):
+    table = np.concatenate([transfers(*r) for r in rows])
+    return Schedule("handmade", workers, int((table["offset"] + table["count"]).max()), table)
+
+
+@pytest.mark.parametrize("algorithm,ms", [("central", 60), ("host", 80), ("sharded", 15)])
+def test_seed_figures_on_the_pcie_server(algorithm, ms):
+    topo = preset("pcie-switch-4")
+    result = simulate(schedule(algorithm, 4, 160 * MB // 4), topo)
+    assert result.time == pytest.approx(ms / 1e3, rel=1e-3)
+
+
+def test_seed_ring_figure_on_p3():
+    topo = preset("p3.16xlarge")
+    result = simulate(schedule("ring", 8, 160 * MB // 4, **default_options("ring", topo, 8)), topo)
+    exact = 2 * 7 / 8 * 160 * MB / (3 * 18e9)           # 5.19 ms, before latencies
+    assert exact < result.time < exact + 14 * 3e-6
+    assert 5.1e-3 < result.time < 6.0e-3
+
+
+def test_max_min_sharing_and_re_sharing_when_a_flow_ends():
+    # w0 -> w1 (24 B) and w2 -> w1 (12 B) share w1's downlink (10 B/s); w2's uplink caps it at 4.
+    topo = star([10, 10, 4])
+    result = simulate(handmade(3, [(0, 0, 1, 0, 24, REDUCE), (0, 2, 1, 0, 12, REDUCE)]), topo, itemsize=1)
+    t = result.schedule.transfers
+    sent = {(int(s), int(d)): result.sent[i] for i, (s, d) in enumerate(zip(t["src"], t["dst"]))}
+    assert sent[(2, 1)] == pytest.approx(3.0)             # 12 B at 4 B/s
+    assert sent[(0, 1)] == pytest.approx(3.0 + 6 / 10)    # 18 B at 6 B/s, then 6 B at 10 B/s
+    assert result.channel_busy[2 * 1 + 1] == pytest.approx(3.6)   # w1's downlink busy throughout
+
+
+def test_latency_is_added_once_per_hop():
+    topo = star([1e9, 1e9], latency=5e-6)
+    result = simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), topo, itemsize=1)
+    assert result.done[0] - result.sent[0] == pytest.approx(10e-6)
+    assert result.time == pytest.approx(10e-6 + 1000 / 1e9)
+
+
+def test_no_global_barrier_between_rounds():
+    # w2 <-> w3 finish their small round 0 long before w0 -> w1 does, and go on at once.
+    topo = star([1.0] * 4)
+    s = handmade(4, [(0, 0, 1, 0, 100, REDUCE), (0, 2, 3, 0, 1, REDUCE), (1, 3, 2, 0, 1, REDUCE)])
+    result = simulate(s, topo, itemsize=1)
+    t = result.schedule.transfers
+    late = np.flatnonzero(t["round"] == 1)[0]
+    assert result.start[late] == pytest.approx(1.0) and result.time == pytest.approx(100.0)
+
+
+def test_compute_is_charged_after_the_reduction():
+    topo = star([1e9, 1e9], rate=1e6)
+    result = simulate(schedule("central", 2, 1000), topo)    # primary reduces 1000 elements: 1 ms
+    back = np.flatnonzero(result.schedule.transfers["round"] == 1)[0]
+    assert result.start[back] - result.done.min() == pytest.approx(1e-3, rel=1e-9)
+
+
+UNCONTENDED = [("pcie-switch-4", None), ("ethernet", 2), ("ethernet", 5), ("ethernet", 6), ("ethernet", 8), ("ethernet", 13),
+               ("dgx-2", 16)]
+
+
+@pytest.mark.parametrize("topology,workers", UNCONTENDED)
+@pytest.mark.parametrize("algorithm", EXACT)
+@pytest.mark.parametrize("nbytes", [4 * 1024, 64 * MB])
+def test_simulator_agrees_with_closed_form_within_one_percent(topology, workers, algorithm, nbytes):
+    topo = preset(topology, workers)
+    n = len(topo.workers)
+    if algorithm == "host" and topology == "dgx-2":
+        pytest.skip("dgx-2's host sits behind a shared PCIe switch: contended by design")
+    options = default_options(algorithm, topo, n)
+    simulated = simulate(schedule(algorithm, n, nbytes // 4, **options), topo).time
+    predicted = predict(algorithm, topo, n, nbytes, **options)
+    if algorithm == "tree" and (n + 1) & n and nbytes < 16 * MB:
+        # an incomplete tree: its shallower branches run ahead of the lock-step count
+        assert simulated * (1 - 1e-9) <= predicted <= 1.15 * simulated
+    else:
+        assert predicted == pytest.approx(simulated, rel=0.01)
+
+
+@pytest.mark.parametrize("workers", [3, 6, 7, 13, 15, 20, 31])
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20, 64 << 20])
+def test_tree_formula_exact_for_complete_trees_else_an_upper_bound(workers, nbytes):
+    topo = preset("ethernet", workers)
+    simulated = simulate(schedule("tree", workers, nbytes // 4), topo).time
+    predicted = predict("tree", topo, workers, nbytes)
+    if (workers + 1) & workers == 0 or nbytes >= 16 * MB:      # N = 2^k - 1, or bandwidth-bound
+        assert predicted == pytest.approx(simulated, rel=0.01)
+    else:
+        assert simulated * (1 - 1e-9) <= predicted <= 1.15 * simulated
+
+
+def test_timeline_json_has_every_transfer():
+    topo = preset("ethernet", workers=6)
+    result = simulate(schedule("ring", 6, 600), topo)
+    data = result.to_dict()
+    assert len(data["timeline"]["start"]) == len(result.schedule.transfers) == 2 * 5 * 6
+    assert all(s <= e for s, e in zip(data["timeline"]["start"], data["timeline"]["done"]))
+    assert data["time_s"] == pytest.approx(max(data["timeline"]["done"]) + 0.0, rel=1e-9, abs=1e-3)
+    assert sum(l["bytes"] for l in data["links"]) == pytest.approx(2 * 10 * 6 * 100 * 4)  # 2 hops each
+
+
+def test_worker_count_beyond_the_topology_is_refused():
+    from gradsync import ConfigError
+    with pytest.raises(ConfigError, match="has 4 worker devices"):
+        simulate(schedule("ring", 5, 10), preset("pcie-switch-4"))

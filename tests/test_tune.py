@@ -1,0 +1,38 @@
+"""Strategy choice: "auto" picks the least predicted time, and crossovers bracket a change."""
+
+import pytest
+
+from gradsync import ConfigError
+from gradsync.algorithms import EXACT
+from gradsync.topology import preset
+from gradsync.tune import choose, predicted_time, table
+
+
+def test_choose_is_the_argmin_of_predicted_times():
+    topo = preset("ethernet", workers=16)
+    for nbytes in (4096, 1 << 20, 256 << 20):
+        times = {a: predicted_time(a, topo, nbytes) for a in EXACT}
+        assert choose(topo, nbytes) == min(times, key=times.get)
+
+
+def test_latency_bound_and_bandwidth_bound_choices_differ_on_a_two_level_cluster():
+    topo = preset("lowbw-cluster")
+    assert choose(topo, 1024) != "ring" and choose(topo, 1 << 30) == "ring"
+
+
+def test_crossover_lies_between_its_grid_points():
+    topo = preset("lowbw-cluster")
+    rows, crossovers = table(topo, [1024, 1 << 16, 1 << 22, 1 << 28])
+    assert crossovers
+    for c in crossovers:
+        assert choose(topo, int(c.nbytes * 0.9)) == c.below or choose(topo, int(c.nbytes * 1.05)) == c.above
+
+
+def test_large_worker_counts_use_the_closed_forms():
+    topo = preset("ethernet", workers=512)
+    assert choose(topo, 1 << 30) in EXACT
+
+
+def test_empty_candidates_are_refused():
+    with pytest.raises(ConfigError):
+        choose(preset("pcie-switch-4"), 1000, candidates=())
