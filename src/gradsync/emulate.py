@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, coding
 from .errors import ConfigError
 from .schedule import COPY, Schedule
 
@@ -84,14 +84,13 @@ def emulate(algorithm: str | Schedule, inputs, op: str = "sum", **options) -> np
             raise ConfigError(f"schedule is for {schedule.workers} workers x {schedule.elements} "
                               f"elements, inputs are {workers} x {elements}")
     else:
-        schedule = algorithms.build(algorithm, workers, elements, **options)
+        schedule = algorithms.build(algorithm, workers, elements, dtype=dtype, **options)
     buffers = np.empty((schedule.nodes, elements), dtype)   # one copy of the inputs, no more
     for w, a in enumerate(arrays):
         buffers[w] = a.reshape(-1)
     buffers[workers:] = 0
     if schedule.codec is not None:
-        from . import codecs
-        result = codecs.get(schedule.codec).emulate(schedule, buffers[:workers])
+        result = coding.emulate(schedule, buffers[:workers])
     else:
         run_schedule(schedule, buffers)
         result = buffers[:workers]

@@ -191,6 +191,8 @@ def verify(schedule: Schedule) -> None:
         _fail(f"endpoints must be distinct nodes in 0..{s.nodes - 1}, segments inside "
               f"0..{s.elements}, CODED only with a codec", t[np.argmax(bad)])
     if s.codec is not None:
+        from . import coding
+        coding.verify(s)
         return
     _check_write_conflicts(t)
     _execute_symbolically(s)

@@ -5,10 +5,13 @@ Every module exposes ``schedule(workers, elements, **options) -> Schedule`` and
 algorithm is one new module plus one line in ``REGISTRY``.
 """
 
+import inspect
 from types import ModuleType
 
+import numpy as np
+
 from ..errors import ConfigError
-from . import central, halving_doubling, host, ring, sharded, tree
+from . import central, cerar, halving_doubling, host, ring, sharded, tree
 
 REGISTRY: dict[str, ModuleType] = {
     "central": central,
@@ -17,8 +20,10 @@ REGISTRY: dict[str, ModuleType] = {
     "ring": ring,
     "tree": tree,
     "halving_doubling": halving_doubling,
+    "cerar": cerar,
 }
 EXACT = ("central", "host", "sharded", "ring", "tree", "halving_doubling")
+APPROXIMATE = ("cerar",)
 
 
 def get(name: str) -> ModuleType:
@@ -30,9 +35,15 @@ def get(name: str) -> ModuleType:
                           f"{', '.join(REGISTRY)}") from None
 
 
-def build(name: str, workers: int, elements: int, **options):
-    """Build algorithm ``name``'s schedule: ``build("tree", 5, 100, segments=4)``."""
+def build(name: str, workers: int, elements: int, dtype=None, **options):
+    """Build algorithm ``name``'s schedule: ``build("tree", 5, 100, segments=4)``.
+
+    ``dtype`` reaches the algorithms whose schedule depends on it (CERAR's design) and is
+    ignored by the others.
+    """
     module = get(name)
+    if dtype is not None and "dtype" in inspect.signature(module.schedule).parameters:
+        options["dtype"] = np.dtype(dtype).name
     try:
         return module.schedule(workers, elements, **options)
     except TypeError as exc:

@@ -153,7 +153,7 @@ class Topology:
         channels, latency = self.route(a, b)
         if not channels:
             return 0.0, 0.0
-        return latency, 1.0 / self.channel_capacity[channels].min()
+        return latency, float(1.0 / self.channel_capacity[channels].min())
 
     def reduce_rate(self, name: str) -> float | None:
         return self.nodes[self.index[name]].reduce_rate
