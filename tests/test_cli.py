@@ -19,7 +19,20 @@ def test_compare_reproduces_the_seed_figures():
     assert rows["host"]["time_s"] == pytest.approx(0.080, rel=1e-3)
     assert rows["sharded"]["time_s"] == pytest.approx(0.015, rel=1e-3)
     assert rows["sharded"]["busbw_GBps"] == pytest.approx(16, rel=1e-3)
-    assert set(rows) == {"central", "host", "sharded", "ring", "tree", "halving_doubling"}
+    assert set(rows) == {"central", "host", "sharded", "ring", "tree", "halving_doubling", "cerar"}
+    assert all(rows[a]["error"] == 0 for a in rows if a != "cerar")
+    assert 0 < rows["cerar"]["error"] < 1e-2 and rows["cerar"]["components"] == 8
+
+
+def test_cerar_command_reports_rates_cond_and_errors():
+    run = gradsync("cerar", "--workers", "8", "--components", "16", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    o = json.loads(run.stdout)
+    assert o["rounds"] == 22 and o["comm_rate"] == pytest.approx(22 / 16) and o["ring_rate"] == pytest.approx(1.75)
+    assert o["storage_rate"] == pytest.approx(1.5) and 1 < o["cond"] < 1e5
+    assert 0 < o["rel_error"] < 2 * o["predicted_error"]
+    exact = json.loads(gradsync("cerar", "-n", "8", "-c", "8", "--dtype", "float64", "--format", "json").stdout)
+    assert exact["rel_error"] < 1e-12 and exact["cond"] < 2
 
 
 def test_compare_p3_ring_shows_exact_and_seed_approximation():
@@ -65,6 +78,11 @@ def test_tune_names_a_crossover():
     (["simulate"], "Missing option '--algorithm'"),
     (["tune", "--min-size", "1GB", "--max-size", "1KB"], "--min-size <= --max-size"),
     (["compare", "--bogus"], "No such option"),
+    (["cerar", "-n", "4", "-c", "8", "--eps", "0"], "'--eps': 0.0 is not in the range"),
+    (["cerar", "-n", "8", "-c", "24", "--max-cond", "2"], "no unity design"),
+    (["cerar", "-n", "1", "-c", "8"], "'--workers'"),
+    (["cerar", "-n", "4", "-c", "8", "--construction", "optimized", "--eps", "0.01"], "takes max_cond, not eps"),
+    (["tune", "--max-error", "2"], "'--max-error'"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, needle):
     run = gradsync(*args)

@@ -12,12 +12,12 @@ def test_choose_is_the_argmin_of_predicted_times():
     topo = preset("ethernet", workers=16)
     for nbytes in (4096, 1 << 20, 256 << 20):
         times = {a: predicted_time(a, topo, nbytes) for a in EXACT}
-        assert choose(topo, nbytes) == min(times, key=times.get)
+        assert choose(topo, nbytes).label == min(times, key=times.get)
 
 
 def test_latency_bound_and_bandwidth_bound_choices_differ_on_a_two_level_cluster():
     topo = preset("lowbw-cluster")
-    assert choose(topo, 1024) != "ring" and choose(topo, 1 << 30) == "ring"
+    assert choose(topo, 1024).label != "ring" and choose(topo, 1 << 30).label == "ring"
 
 
 def test_crossover_lies_between_its_grid_points():
@@ -25,14 +25,29 @@ def test_crossover_lies_between_its_grid_points():
     rows, crossovers = table(topo, [1024, 1 << 16, 1 << 22, 1 << 28])
     assert crossovers
     for c in crossovers:
-        assert choose(topo, int(c.nbytes * 0.9)) == c.below or choose(topo, int(c.nbytes * 1.05)) == c.above
+        assert choose(topo, int(c.nbytes * 0.9)).label == c.below or choose(topo, int(c.nbytes * 1.05)).label == c.above
 
 
 def test_large_worker_counts_use_the_closed_forms():
     topo = preset("ethernet", workers=512)
-    assert choose(topo, 1 << 30) in EXACT
+    assert choose(topo, 1 << 30).label in EXACT
 
 
 def test_empty_candidates_are_refused():
     with pytest.raises(ConfigError):
         choose(preset("pcie-switch-4"), 1000, candidates=())
+
+
+def test_an_error_budget_lets_cerar_win_on_slow_links():
+    from gradsync.topology import preset as make
+    slow = make("ethernet", workers=8, nic="100Mbit/s")
+    assert choose(slow, 64 << 20).label != "cerar"                       # no budget: exact only
+    picked = choose(slow, 64 << 20, max_error=1e-2)
+    assert picked.algorithm == "cerar"
+    from gradsync.coding import cerar
+    design = cerar.make(8, picked.kwargs()["components"], "optimized", dtype="float32")
+    assert design.predicted_error("float32") <= 1e-2
+
+
+def test_an_impossible_error_budget_leaves_the_exact_algorithms():
+    assert all(c.algorithm != "cerar" for c in __import__("gradsync.tune", fromlist=["x"]).candidates(8, max_error=1e-9))

@@ -71,6 +71,13 @@ def _parse_options(pairs) -> dict:
     return options
 
 
+def _predicted_error(schedule, dtype) -> float:
+    if schedule.codec is None:
+        return 0.0
+    from .coding import cerar
+    return cerar.Design.from_dict(schedule.codec).predicted_error(dtype if dtype in cerar.UNIT_ROUNDOFF else "float32")
+
+
 def _emit(fmt, rows, render):
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -108,11 +115,15 @@ def main():
 @click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Gradient size, e.g. 160MB.")
 @workers_option
 @dtype_option
-@click.option("--algorithms", "names", default=",".join(algorithms.EXACT), show_default=True,
+@click.option("--algorithms", "names", default=",".join(algorithms.REGISTRY), show_default=True,
               help="Comma-separated algorithms to compare.")
+@click.option("--components", "-c", type=int, default=None, help="CERAR components (default 2N).")
 @format_option
-def compare(topology, size, workers, dtype, names, fmt):
-    """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw."""
+def compare(topology, size, workers, dtype, names, components, fmt):
+    """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw.
+
+    CERAR runs with its optimized design for the dtype; its row shows the predicted error.
+    """
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
     elements = size // itemsize
@@ -120,13 +131,20 @@ def compare(topology, size, workers, dtype, names, fmt):
     rows = []
     for name in [a.strip() for a in names.split(",") if a.strip()]:
         options = default_options(name, topo, n)
-        result = simulate(algorithms.build(name, n, elements, **options), topo, itemsize)
+        if name == "cerar":
+            options.update(components=components, construction="optimized")
+        schedule = algorithms.build(name, n, elements, dtype=dtype, **options)
+        result = simulate(schedule, topo, itemsize)
         link, link_bytes = result.busiest_channel()
+        options = {k: v for k, v in options.items() if k not in ("construction",)}
         algbw = nbytes / result.time if result.time > 0 else float("inf")
         row = {"algorithm": name, "time_s": result.time,
                "closed_form_s": predict(name, topo, n, nbytes, itemsize, **options),
                "busiest_link": link, "busiest_link_bytes": link_bytes,
-               "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9}
+               "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9,
+               "error": _predicted_error(schedule, dtype)}
+        if name == "cerar":
+            row["components"] = schedule.options["components"]
         if name == "ring":
             net = net_for(topo, n, options)
             bandwidth = sum(1 / b for b in net.ring_betas) if net.ring_betas else 1 / net.beta
@@ -137,10 +155,12 @@ def compare(topology, size, workers, dtype, names, fmt):
     def render(rows):
         click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(nbytes)} {dtype}")
         _print_table(["algorithm", "simulated", "closed form", "busiest link", "bytes on it", "algbw",
-                      "busbw"],
-                     [[r["algorithm"], format_time(r["time_s"]), format_time(r["closed_form_s"]),
+                      "busbw", "error"],
+                     [[r["algorithm"] + (f" c={r['components']}" if "components" in r else ""),
+                       format_time(r["time_s"]), format_time(r["closed_form_s"]),
                        r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
-                       f"{r['busbw_GBps']:.3g} GB/s"] for r in rows])
+                       f"{r['busbw_GBps']:.3g} GB/s", f"{r['error']:.2g}" if r["error"] else "exact"]
+                      for r in rows])
         if not topo.is_tree:
             click.echo("note: closed forms assume every pair of workers meets through one switch; "
                        "on this mesh the simulated column is the reference")
@@ -196,8 +216,10 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
 @dtype_option
 @click.option("--min-size", type=Size(), default="1KB", show_default=True)
 @click.option("--max-size", type=Size(), default="1GB", show_default=True)
+@click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Allow CERAR designs whose predicted relative error is within this budget.")
 @format_option
-def tune(topology, workers, dtype, min_size, max_size, fmt):
+def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     """Print the fastest algorithm per message size and the sizes where the choice changes."""
     topo = _topology(topology, workers)
     if not 0 < min_size <= max_size:
@@ -205,7 +227,8 @@ def tune(topology, workers, dtype, min_size, max_size, fmt):
     itemsize = DTYPES[dtype]
     sizes = np.unique(np.geomspace(max(min_size, itemsize), max_size,
                                    int(np.log2(max_size / max(min_size, itemsize))) // 2 + 2).astype(np.int64))
-    rows, crossovers = table(topo, sizes, itemsize)
+    rows, crossovers = table(topo, sizes, itemsize, max_error=max_error,
+                             dtype=dtype if dtype in ("float32", "float64") else "float32")
     out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows,
            "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
 
@@ -217,6 +240,48 @@ def tune(topology, workers, dtype, min_size, max_size, fmt):
                       for r in rows])
         for c in o["crossovers"]:
             click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
+
+    _emit(fmt, out, render)
+
+
+@main.command("cerar")
+@click.option("--workers", "-n", type=click.IntRange(min=2), required=True, help="Workers on the ring (N).")
+@click.option("--components", "-c", type=click.IntRange(min=1), required=True, help="Components (c).")
+@click.option("--eps", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Radial step of the perturbation layers (c > N).")
+@click.option("--max-cond", type=click.FloatRange(1, 1e15, max_open=True), default=None,
+              help="Bound on cond(M); the design meets it (default: the best for the dtype).")
+@click.option("--construction", type=click.Choice(["unity", "vandermonde", "optimized"]), default="unity",
+              show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--elements", type=click.IntRange(min=1), default=1 << 16, show_default=True,
+              help="Elements per worker of the random gradients the error is measured on.")
+@format_option
+def cerar_cmd(workers, components, eps, max_cond, construction, dtype, elements, fmt):
+    """Design a CERAR code and measure it: rounds, rates, cond(M), predicted and measured error."""
+    from .coding import cerar
+
+    design = cerar.make(workers, components, construction, eps=eps, max_cond=max_cond, dtype=dtype)
+    measured = cerar.measure(design, elements, dtype)
+    out = {"workers": workers, "components": components, "construction": design.construction,
+           "eps": design.eps, "scale": design.scale, "dtype": dtype, "rounds": design.rounds,
+           "comm_rate": design.comm_rate, "ring_rate": design.ring_rate, "storage_rate": design.storage_rate,
+           "cond": design.cond, "predicted_error": design.predicted_error(dtype),
+           "rel_error": measured["rel_error"], "worst_worker": measured["worst_worker"],
+           "worker_spread": measured["worker_spread"]}
+
+    def render(o):
+        click.echo(f"CERAR, N = {workers}, c = {components}, {o['construction']} construction"
+                   + (f", eps = {o['eps']:.3g}" if o["eps"] else "") + f", {dtype}")
+        _print_table(["", "value"], [
+            ["rounds L = c + N - 2", o["rounds"]],
+            ["communication per worker / d", f"{o['comm_rate']:.4g} (ring all-reduce: {o['ring_rate']:.4g}, "
+                                             f"{o['ring_rate'] / o['comm_rate']:.3g}x more)"],
+            ["storage per worker / d", f"{o['storage_rate']:.4g}"],
+            ["cond(M)", f"{o['cond']:.3g}"],
+            ["predicted error (worst worker, i.i.d. gradients)", f"{o['predicted_error']:.3g}"],
+            ["measured error (worst worker, relative L2)", f"{o['rel_error']:.3g} (worker {o['worst_worker']})"],
+            ["largest difference between two workers", f"{o['worker_spread']:.3g}"]])
 
     _emit(fmt, out, render)
 

@@ -19,35 +19,83 @@ from .simulate import simulate
 from .topology import Topology
 
 SIMULATE_UP_TO = 64
+CERAR_COMPONENTS = (1.0, 1.5, 2.0, 3.0, 4.0)   # multiples of N tried when an error budget is given
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An algorithm with its options, as ``auto`` considers it."""
+
+    algorithm: str
+    options: tuple = ()            # sorted (key, value) pairs, hashable for caching
+
+    @property
+    def label(self) -> str:
+        return self.algorithm + ("(" + ", ".join(f"{k}={v}" for k, v in self.options) + ")" if self.options else "")
+
+    def kwargs(self) -> dict:
+        return dict(self.options)
+
+
+def candidates(workers: int, dtype: str = "float32", max_error: float | None = None,
+               exact=algorithms.EXACT) -> list[Candidate]:
+    """The exact algorithms, plus CERAR designs whose predicted error is within ``max_error``.
+
+    >>> [c.label for c in candidates(4, max_error=1e-2)][-1]
+    'cerar(components=8)'
+    """
+    out = [Candidate(a) for a in exact]
+    if max_error is None:
+        return out
+    if not 0 < max_error < 1:
+        raise ConfigError(f"max_error must be in (0, 1), got {max_error!r}")
+    from .coding import cerar
+    for factor in CERAR_COMPONENTS:
+        c = int(np.ceil(factor * workers))
+        if workers > 1 and cerar.make(workers, c, "optimized", dtype=dtype).predicted_error(dtype) <= max_error:
+            out.append(Candidate("cerar", (("components", c),)))
+    return out
 
 
 @lru_cache(maxsize=4096)
-def _predicted(algorithm: str, topology: Topology, workers: int, elements: int, itemsize: int) -> float:
-    options = default_options(algorithm, topology, workers)
+def _predicted(candidate: Candidate, topology: Topology, workers: int, elements: int, itemsize: int,
+               dtype: str) -> float:
+    options = {**default_options(candidate.algorithm, topology, workers), **candidate.kwargs()}
+    if candidate.algorithm == "cerar":
+        options.update(construction="optimized")
     if workers <= SIMULATE_UP_TO:
-        return simulate(algorithms.build(algorithm, workers, elements, **options), topology, itemsize).time
-    return predict(algorithm, topology, workers, elements * itemsize, itemsize, **options)
+        schedule = algorithms.build(candidate.algorithm, workers, elements, dtype=dtype, **options)
+        return simulate(schedule, topology, itemsize).time
+    options.pop("construction", None)
+    return predict(candidate.algorithm, topology, workers, elements * itemsize, itemsize, **options)
 
 
-def predicted_time(algorithm: str, topology: Topology, nbytes: int, itemsize: int = 4,
-                   workers: int | None = None) -> float:
-    """Predicted seconds to all-reduce ``nbytes`` with ``algorithm`` on ``topology``."""
+def _as_candidate(c) -> Candidate:
+    return c if isinstance(c, Candidate) else Candidate(c)
+
+
+def predicted_time(candidate, topology: Topology, nbytes: int, itemsize: int = 4,
+                   workers: int | None = None, dtype: str = "float32") -> float:
+    """Predicted seconds to all-reduce ``nbytes`` with ``candidate`` (a name or Candidate)."""
     workers = len(topology.workers) if workers is None else workers
-    return _predicted(algorithm, topology, workers, max(nbytes // itemsize, 0), itemsize)
+    return _predicted(_as_candidate(candidate), topology, workers, max(nbytes // itemsize, 0), itemsize, dtype)
 
 
 def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | None = None,
-           candidates=algorithms.EXACT) -> str:
+           candidates=None, max_error: float | None = None, dtype: str = "float32") -> Candidate:
     """The candidate with the least predicted time ("auto").
 
     >>> from gradsync.topology import preset
-    >>> choose(preset("pcie-switch-4"), 160_000_000) in ("sharded", "halving_doubling")
+    >>> choose(preset("pcie-switch-4"), 160_000_000).label in ("sharded", "halving_doubling")
     True
     """
-    if not candidates:
+    workers = len(topology.workers) if workers is None else workers
+    pool = [_as_candidate(c) for c in (candidates if candidates is not None
+                                       else globals()["candidates"](workers, dtype, max_error))]
+    if not pool:
         raise ConfigError("no candidate algorithms to choose from")
-    times = {a: predicted_time(a, topology, nbytes, itemsize, workers) for a in candidates}
-    return min(times, key=lambda a: (times[a], candidates.index(a)))
+    times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]
+    return pool[int(np.argmin(times))]
 
 
 @dataclass(frozen=True)
@@ -57,18 +105,22 @@ class Crossover:
     above: str
 
 
-def table(topology: Topology, sizes, itemsize: int = 4, candidates=algorithms.EXACT,
-          workers: int | None = None) -> tuple[list[dict], list[Crossover]]:
+def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers: int | None = None,
+          max_error: float | None = None, dtype: str = "float32") -> tuple[list[dict], list[Crossover]]:
     """Predicted time of every candidate at every size, the best, and the crossover sizes.
 
     A crossover between two grid sizes is located by bisection (in log size) to within 2%.
     """
+    workers = len(topology.workers) if workers is None else workers
+    pool = [_as_candidate(c) for c in (candidates if candidates is not None
+                                       else globals()["candidates"](workers, dtype, max_error))]
+
     def best(n):
-        return choose(topology, int(n), itemsize, workers, candidates)
+        return choose(topology, int(n), itemsize, workers, pool, dtype=dtype).label
 
     rows = []
     for n in sizes:
-        times = {a: predicted_time(a, topology, int(n), itemsize, workers) for a in candidates}
+        times = {c.label: predicted_time(c, topology, int(n), itemsize, workers, dtype) for c in pool}
         rows.append({"bytes": int(n), "best": min(times, key=times.get), "times_s": times})
     crossovers = []
     for lo_row, hi_row in zip(rows, rows[1:]):

@@ -9,7 +9,8 @@ Normalized communication (c + N - 2)/c against ring's 2(N - 1)/N; storage (c + N
 Exact for c <= N (the roots-of-unity construction); approximate beyond, with the error and
 cond(M) of the chosen construction.
 
-Cost: L (alpha + m s beta) + (L c m + 3 L m + c^2 m) gamma, s bytes per element.
+Cost: L (alpha + m s beta) + (L c m + L m + 2 c^2 m) gamma, s bytes per element: encode, one
+add per round, decode.
 """
 
 import numpy as np
@@ -50,9 +51,9 @@ def schedule(workers: int, elements: int, components: int | None = None, eps: fl
     if m:
         compute["round"] = np.repeat(np.arange(rounds + 1), workers)
         compute["node"] = np.tile(node, rounds + 1)
-        compute["madds"] = 3 * m                                 # packet update and window removal
+        compute["madds"] = m                                     # forward what arrived plus F_j(t)
         compute["madds"][:workers] = rounds * c * m              # round 0: encode all rounds
-        compute["madds"][-workers:] += c * c * m                 # round L: decode
+        compute["madds"][-workers:] += 2 * c * c * m             # round L: decode
     options = {"components": c, "construction": design.construction, "eps": design.eps,
                "scale": design.scale, "dtype": dtype}
     return Schedule("cerar", workers, elements, table, compute=compute, options=options,
@@ -66,4 +67,4 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, components=No
     c = _components(workers, components)
     rounds = c + workers - 2
     m = -(-int(nbytes // itemsize) // c)
-    return rounds * (net.alpha + m * itemsize * net.beta) + (rounds * c * m + 3 * rounds * m + c * c * m) * net.gamma
+    return rounds * (net.alpha + m * itemsize * net.beta) + (rounds * c * m + rounds * m + 2 * c * c * m) * net.gamma
