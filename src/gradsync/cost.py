@@ -36,8 +36,9 @@ def net_for(topology: Topology, workers: int, options: dict | None = None) -> Ne
     names = topology.workers[:workers]
     a, b = (names[0], names[1]) if workers > 1 else (names[0], names[0])
     alpha, beta = topology.path_alpha_beta(a, b)
-    rate = topology.reduce_rate(names[0])
+    rate, madd_rate = topology.reduce_rate(names[0]), topology.madd_rate(names[0])
     gamma = 1.0 / rate if rate else 0.0
+    mu = 1.0 / madd_rate if madd_rate else 0.0
     host = {}
     if topology.host is not None:
         host_alpha, host_beta = topology.path_alpha_beta(names[0], topology.host)
@@ -51,7 +52,7 @@ def net_for(topology: Topology, workers: int, options: dict | None = None) -> Ne
                                for i in range(workers)) for r in rings)
         alpha = max(topology.path_alpha_beta(names[r[i]], names[r[(i + 1) % workers]])[0]
                     for r in rings for i in range(workers))
-    return Net(alpha, beta, gamma, ring_betas=ring_betas, **host)
+    return Net(alpha, beta, gamma, mu, ring_betas=ring_betas, **host)
 
 
 def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, itemsize: int = 4,

@@ -5,9 +5,11 @@ Model:
   bandwidth max-min fairly (progressive filling); a flow is delivered one route latency
   after its last byte leaves.
 - A node's rounds are sequential: it starts round r when all of its transfers (in and out)
-  of its previous round are delivered and its reductions and compute for that round are
-  done (``reduce_rate`` of the node; free where the topology sets none). A transfer starts
-  when both ends have started its round (receives are posted). There is no global barrier.
+  of its previous round are delivered and its work for that round is done: each element it
+  received to add in (REDUCE, or CODED: a packet is combined with one add) at the node's
+  ``reduce_rate``, and the round's compute multiply-adds at its ``madd_rate`` (free where the
+  topology sets none). A transfer starts when both ends have started its round (receives are
+  posted). There is no global barrier.
 
 The loop advances from one event time to the next, handling every event at that time at
 once with numpy, so a ring of 1024 workers is a few thousand steps, not millions.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ConfigError
-from .schedule import REDUCE, Schedule
+from .schedule import COPY, Schedule
 from .topology import Topology
 
 _TOL = 1e-12
@@ -162,10 +164,12 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4) -> SimRe
     step_src, step_dst = key_step[:n_tr], key_step[n_tr:2 * n_tr]
     step_node = steps // rounds
     n_steps = len(steps)
-    rate_of = np.array([topology.reduce_rate(topology.nodes[p].name) or np.inf for p in placement])
-    work = np.bincount(step_dst, weights=np.where(t["op"] == REDUCE, t["count"], 0), minlength=n_steps)
-    work += np.bincount(key_step[2 * n_tr:], weights=c["madds"], minlength=n_steps)
-    work_time = work / rate_of[step_node]
+    names = [topology.nodes[p].name for p in placement]
+    add_rate = np.array([topology.reduce_rate(n) or np.inf for n in names])
+    madd_rate = np.array([topology.madd_rate(n) or np.inf for n in names])
+    adds = np.bincount(step_dst, weights=np.where(t["op"] != COPY, t["count"], 0), minlength=n_steps)
+    madds = np.bincount(key_step[2 * n_tr:], weights=c["madds"], minlength=n_steps)
+    work_time = adds / add_rate[step_node] + madds / madd_rate[step_node]
     left = np.bincount(np.concatenate([step_src, step_dst]), minlength=n_steps)
     is_last = np.append(step_node[1:] != step_node[:-1], True)
     by_step = np.argsort(np.concatenate([step_src, step_dst]), kind="stable") % max(n_tr, 1)

@@ -11,13 +11,15 @@ class Net:
 
     alpha: seconds per message between two workers (route latency); beta: seconds per byte on
     a worker's link (1 / bandwidth); gamma: seconds per element reduced (or multiply-add) on a
-    worker. ``host_*`` are the same for worker <-> host traffic and the host's own compute.
+    worker; mu: seconds per multiply-add in matrix products (codecs). ``host_*`` are the same
+    for worker <-> host traffic and the host's own compute.
     ``ring_betas`` gives one beta per ring when ring all-reduce runs several rings at once.
     """
 
     alpha: float
     beta: float
     gamma: float = 0.0
+    mu: float = 0.0
     host_alpha: float | None = None
     host_beta: float | None = None
     host_gamma: float | None = None

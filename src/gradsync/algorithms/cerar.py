@@ -3,14 +3,15 @@
 Each worker's gradient is split into c components of m = ceil(d/c) elements; in each of the
 L = c + N - 2 rounds every worker sends one coded packet of m elements to its successor. The
 packets' contents belong to the codec ``gradsync.coding.cerar`` named in the schedule; its
-linear encode (round 0) and decode (round L) work is charged as compute.
+linear encode (round 0) and decode (round L) products are charged as compute multiply-adds,
+and each received packet as one add (forward it plus the worker's own update).
 
 Normalized communication (c + N - 2)/c against ring's 2(N - 1)/N; storage (c + N)/c.
 Exact for c <= N (the roots-of-unity construction); approximate beyond, with the error and
 cond(M) of the chosen construction.
 
-Cost: L (alpha + m s beta) + (L c m + L m + 2 c^2 m) gamma, s bytes per element: encode, one
-add per round, decode.
+Cost: L (alpha + m s beta + m gamma) + (L c m + 2 c^2 m) mu, s bytes per element; gamma per
+add, mu per multiply-add of the encode and decode products.
 """
 
 import numpy as np
@@ -47,13 +48,12 @@ def schedule(workers: int, elements: int, components: int | None = None, eps: fl
     rounds = design.rounds
     node = np.arange(workers)
     table = transfers(np.arange(1, rounds + 1)[:, None], node, (node + 1) % workers, 0, m, CODED)
-    compute = np.zeros((rounds + 1) * workers, COMPUTE_DTYPE) if m else np.zeros(0, COMPUTE_DTYPE)
+    compute = np.zeros(2 * workers if m else 0, COMPUTE_DTYPE)
     if m:
-        compute["round"] = np.repeat(np.arange(rounds + 1), workers)
-        compute["node"] = np.tile(node, rounds + 1)
-        compute["madds"] = m                                     # forward what arrived plus F_j(t)
+        compute["round"] = np.repeat([0, rounds], workers)
+        compute["node"] = np.tile(node, 2)
         compute["madds"][:workers] = rounds * c * m              # round 0: encode all rounds
-        compute["madds"][-workers:] += 2 * c * c * m             # round L: decode
+        compute["madds"][-workers:] = 2 * c * c * m              # round L: decode
     options = {"components": c, "construction": design.construction, "eps": design.eps,
                "scale": design.scale, "dtype": dtype}
     return Schedule("cerar", workers, elements, table, compute=compute, options=options,
@@ -67,4 +67,4 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, components=No
     c = _components(workers, components)
     rounds = c + workers - 2
     m = -(-int(nbytes // itemsize) // c)
-    return rounds * (net.alpha + m * itemsize * net.beta) + (rounds * c * m + rounds * m + 2 * c * c * m) * net.gamma
+    return rounds * (net.alpha + m * itemsize * net.beta + m * net.gamma) + (rounds * c + 2 * c * c) * m * net.mu

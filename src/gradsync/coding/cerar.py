@@ -277,18 +277,32 @@ def unity_at_cond(workers: int, components: int, max_cond: float, scale: str = "
     return unity(workers, components, float(np.exp(hi)), scale)
 
 
+def _best_eps(build, top: float, dtype: str) -> Design:
+    """The design ``build(eps)`` with the least predicted error in ``dtype``, eps up to ``top``:
+    approximation error grows with eps, rounding error with cond(M), which falls with eps."""
+    def cost(x):
+        return np.log(build(float(np.exp(x))).predicted_error(dtype))
+
+    grid = np.linspace(np.log(_EPS_FLOOR), np.log(top), 41)   # the objective can be jagged
+    i = int(np.argmin([cost(x) for x in grid]))
+    res = scipy.optimize.minimize_scalar(cost, bounds=(grid[max(i - 1, 0)], grid[min(i + 1, 40)]),
+                                         method="bounded")
+    return build(float(np.exp(res.x if res.fun <= cost(grid[i]) else grid[i])))
+
+
 @lru_cache(maxsize=256)
 def unity_best(workers: int, components: int, dtype: str = "float32", scale: str = "none") -> Design:
-    """The unity design whose eps gives the least predicted error in ``dtype`` (approximation
-    error grows with eps, rounding error with cond(M), which falls with eps)."""
+    """The unity design whose eps gives the least predicted error in ``dtype``."""
     dtype = _check_dtype(dtype)
     if components <= workers:
         return unity(workers, components, scale=scale)
-    top = _eps_of_least_cond(workers, components)
-    res = scipy.optimize.minimize_scalar(
-        lambda x: np.log(unity(workers, components, float(np.exp(x)), scale).predicted_error(dtype)),
-        bounds=(np.log(_EPS_FLOOR), np.log(top)), method="bounded")
-    return unity(workers, components, float(np.exp(res.x)), scale)
+    return _best_eps(lambda e: unity(workers, components, e, scale), _eps_of_least_cond(workers, components), dtype)
+
+
+@lru_cache(maxsize=256)
+def vandermonde_best(workers: int, components: int, dtype: str = "float32", scale: str = "none") -> Design:
+    """The vandermonde design whose eps gives the least predicted error in ``dtype``."""
+    return _best_eps(lambda e: vandermonde(workers, components, e, scale), 0.5, _check_dtype(dtype))
 
 
 def _check_max_cond(max_cond):
@@ -369,7 +383,9 @@ def make(workers: int, components: int, construction: str = "unity", eps: float 
     if construction == "vandermonde":
         if max_cond is not None:
             raise ConfigError("the vandermonde construction takes eps, not max_cond")
-        return vandermonde(workers, components, 1e-2 if eps is None else eps, scale)
+        if eps is None:
+            return vandermonde_best(workers, components, dtype, scale)
+        return vandermonde(workers, components, eps, scale)
     if eps is None and components > workers:
         if max_cond is None:
             return unity_best(workers, components, dtype, scale)

@@ -36,6 +36,7 @@ class NodeSpec(_Strict):
     name: str = Field(min_length=1, max_length=200)
     kind: Literal["gpu", "cpu", "host", "switch", "nic"]
     reduce_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    madd_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class LinkSpec(_Strict):
@@ -106,7 +107,7 @@ def from_dict(data, source: str = "topology") -> Topology:
             raise TopologyError(f"{source}: ring_weights: need {len(rings)} positive numbers")
     try:
         return Topology(
-            spec.name, tuple(Node(n.name, n.kind, n.reduce_rate) for n in spec.nodes),
+            spec.name, tuple(Node(n.name, n.kind, n.reduce_rate, n.madd_rate) for n in spec.nodes),
             tuple(Link(l.a, l.b, l.bandwidth, l.latency, l.duplex) for l in spec.links),
             tuple(spec.workers), spec.host, rings,
             tuple(weights) if rings else None, spec.description)

@@ -24,7 +24,8 @@ _ROUTE_PROBE_BYTES = 1e6
 class Node:
     name: str
     kind: str
-    reduce_rate: float | None = None   # elements (multiply-adds) per second; None: free
+    reduce_rate: float | None = None   # elements added per second (streaming); None: free
+    madd_rate: float | None = None     # multiply-adds per second in small matrix products; None: free
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,9 @@ class Topology:
 
     def reduce_rate(self, name: str) -> float | None:
         return self.nodes[self.index[name]].reduce_rate
+
+    def madd_rate(self, name: str) -> float | None:
+        return self.nodes[self.index[name]].madd_rate
 
     def with_workers(self, count: int) -> "Topology":
         """This topology using only its first ``count`` worker devices."""

@@ -13,6 +13,7 @@ from .model import Link, Node, Topology
 PCIE = 16e9            # the seed's PCIe 3.0 x16 figure
 NVLINK = 18e9          # the seed's V100 NVLink figure, per link and direction
 CPU_REDUCE_RATE = 2e9  # elements/s a host core sums (memory bound, float32)
+CPU_MADD_RATE = 2.5e10 # multiply-adds/s in CERAR's skinny products (measured: 2 cores, float32)
 
 
 def pcie_switch(gpus: int = 4) -> Topology:
@@ -65,8 +66,8 @@ def ethernet(workers: int = 8, nic="10Gbit/s", latency="10us") -> Topology:
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 65536:
         raise TopologyError(f"workers: expected an integer in 1..65536, got {workers!r}")
     bw, lat = parse_bandwidth(nic), parse_time(latency)
-    hosts = [Node(f"host{i}", "host", CPU_REDUCE_RATE) for i in range(workers)]
-    nodes = hosts + [Node("ps", "cpu", CPU_REDUCE_RATE), Node("switch", "switch")]
+    hosts = [Node(f"host{i}", "host", CPU_REDUCE_RATE, CPU_MADD_RATE) for i in range(workers)]
+    nodes = hosts + [Node("ps", "cpu", CPU_REDUCE_RATE, CPU_MADD_RATE), Node("switch", "switch")]
     links = [Link(n.name, "switch", bw, lat) for n in nodes[:-1]]
     return Topology("ethernet", tuple(nodes), tuple(links), tuple(h.name for h in hosts), host="ps",
                     description=f"{workers} hosts on one switch, {nic} NICs, {latency} per hop")
@@ -75,7 +76,7 @@ def ethernet(workers: int = 8, nic="10Gbit/s", latency="10us") -> Topology:
 def lowbw_cluster(servers: int = 2, gpus: int = 4, nic="1Gbit/s") -> Topology:
     """``servers`` PCIe servers of ``gpus`` GPUs each, joined by slow Ethernet (default 1 Gbit/s)."""
     bw = parse_bandwidth(nic)
-    nodes, links, workers = [Node("switch", "switch"), Node("ps", "cpu", CPU_REDUCE_RATE)], [], []
+    nodes, links, workers = [Node("switch", "switch"), Node("ps", "cpu", CPU_REDUCE_RATE, CPU_MADD_RATE)], [], []
     links.append(Link("ps", "switch", bw, 25e-6))
     for s in range(servers):
         nodes += [Node(f"s{s}-pcie", "switch"), Node(f"s{s}-nic", "nic")]
