@@ -8,9 +8,19 @@
 from .algorithms import REGISTRY as ALGORITHMS
 from .algorithms import build as schedule
 from .emulate import emulate
-from .errors import ConfigError, GradsyncError, ScheduleError, TopologyError
+from .errors import ConfigError, GradsyncError, MismatchError, PeerError, ScheduleError, TopologyError
 from .schedule import Schedule, verify
 
-__all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "Schedule", "ScheduleError",
-           "TopologyError", "emulate", "schedule", "verify"]
+__all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "PeerError", "Schedule",
+           "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "verify"]
+
+
+def all_reduce(tensor, algorithm="ring", op="sum", group=None, timeout=None, check=True, **options):
+    """All-reduce a torch tensor in place between processes; see ``gradsync.runtime.api.all_reduce``.
+
+    Imported lazily so that the schedule, simulator and emulator work without torch loaded.
+    """
+    from .runtime.api import all_reduce as run
+
+    return run(tensor, algorithm, op, group, timeout, check, **options)
 __version__ = "0.1.0"

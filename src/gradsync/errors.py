@@ -30,3 +30,23 @@ class ScheduleError(GradsyncError):
     Not recoverable for that schedule: the algorithm that built it, or the file it came
     from, is wrong.
     """
+
+
+class PeerError(GradsyncError):
+    """A peer did not answer in time, or its connection broke, during a collective.
+
+    ``peer`` is the rank that failed to answer (as seen from this rank), ``op`` what was being
+    waited for. The collective's result is undefined: do not use the tensor. Recoverable only
+    by re-forming the group (elastic training).
+    """
+
+    def __init__(self, message: str, peer: int | None = None, op: str | None = None):
+        super().__init__(message)
+        self.peer, self.op = peer, op
+
+
+class MismatchError(ConfigError):
+    """Ranks called a collective with different shapes, dtypes, algorithms or options.
+
+    Raised on every rank before any data moves; nothing was changed.
+    """

@@ -416,6 +416,61 @@ def measure(design: Design, elements: int = 1 << 14, dtype="float64", seed: int 
             "worker_spread": float(spread), "per_worker": errors.tolist()}
 
 
+class Worker:
+    """One worker's side of CERAR, on numpy arrays or torch tensors alike.
+
+    ``packet(t)`` is what it sends in round t (1..L); ``receive(t)`` gives the buffer to receive
+    round t's packet into; ``result()`` decodes. Per round the data sees one add.
+
+    >>> import numpy as np
+    >>> w = Worker(unity(2, 2), 0, np.arange(4.0))
+    >>> w.packet(1).shape
+    (2,)
+    """
+
+    def __init__(self, design: Design, worker: int, flat):
+        self.design, self.worker, self.n = design, worker, design.workers
+        self.d, c = flat.shape[0], design.components
+        self.m = -(-self.d // c)
+        self.raw = _zeros_like(flat, (2 * c, self.m))          # received window, then own G
+        self.raw[c:].reshape(-1)[:self.d] = flat
+        self.f = _matrix_like(flat, design.sender(worker)) @ self.raw[c:]   # L x m
+        self._scratch = _zeros_like(flat, (2, self.m))
+        self._last = self._scratch[0]                          # P_{j-1}(t-1); zero before round 1
+
+    def packet(self, t: int):
+        """The packet sent in round t: what arrived in round t - 1 plus F_j(t)."""
+        return self._last + self.f[t - 1]
+
+    def receive(self, t: int):
+        """Where round t's packet is received: kept for decoding once t >= N - 1."""
+        if t >= self.n - 1:
+            return self.raw[t - (self.n - 1)]
+        return self._scratch[t % 2]
+
+    def received(self, t: int) -> None:
+        self._last = self.receive(t)
+
+    def result(self):
+        """This worker's estimate of the sum, d elements."""
+        dec = _matrix_like(self.raw, self.design.decoder(self.worker))
+        return (dec @ self.raw).reshape(-1)[:self.d]
+
+
+def _zeros_like(like, shape):
+    if isinstance(like, np.ndarray):
+        return np.zeros(shape, like.dtype)
+    return like.new_zeros(shape)
+
+
+def _matrix_like(like, matrix: np.ndarray):
+    """A float64 design matrix in the payload's dtype (and device, for torch)."""
+    if isinstance(like, np.ndarray):
+        return matrix.astype(like.dtype)
+    import torch
+    return torch.as_tensor(matrix, dtype=like.dtype, device=like.device)
+
+
 @dataclass(frozen=True)
 class Run:
     """What one emulated CERAR all-reduce produced."""
@@ -425,10 +480,9 @@ class Run:
 
 
 def run(design: Design, inputs: np.ndarray) -> Run:
-    """Run CERAR for all workers at once on ``inputs`` (N x d), counting what each sends.
+    """Run CERAR's workers in lock-step on ``inputs`` (N x d), counting what each sends.
 
-    Per worker: one (L x c) @ (c x m) product encodes every round's packet update F_j; each
-    round is one add (forward what arrived plus F_j(t)); one (c x 2c) @ (2c x m) product decodes.
+    The same ``Worker`` objects run in the runtime, one per process.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((4, 10))
@@ -438,24 +492,18 @@ def run(design: Design, inputs: np.ndarray) -> Run:
     n, d = inputs.shape
     if n != design.workers:
         raise ConfigError(f"design is for {design.workers} workers, inputs have {n}")
-    dtype = _check_dtype(inputs.dtype)
+    _check_dtype(inputs.dtype)
     sent_elements = np.zeros(n, np.int64)
     if d == 0:
         return Run(inputs.copy(), sent_elements)
-    c, m = design.components, -(-d // design.components)
-    g = split(inputs, c)                                                    # N x c x m
-    f = np.matmul(np.stack([design.sender(i) for i in range(n)]).astype(dtype), g)   # N x L x m
-    raw = np.empty((n, 2 * c, m), dtype)                                    # received window, then G
-    raw[:, c:] = g
-    received = np.zeros((n, m), dtype)
+    workers = [Worker(design, j, inputs[j]) for j in range(n)]
     for t in range(1, design.rounds + 1):
-        sent = received + f[:, t - 1]
-        sent_elements += m
-        received = np.roll(sent, 1, axis=0)                                 # j gets P_{j-1}(t)
-        if t >= n - 1:
-            raw[:, t - (n - 1)] = received
-    dec = np.stack([design.decoder(j) for j in range(n)]).astype(dtype)    # N x c x 2c
-    return Run(np.matmul(dec, raw).reshape(n, -1)[:, :d], sent_elements)
+        packets = [w.packet(t) for w in workers]
+        for j, w in enumerate(workers):
+            w.receive(t)[...] = packets[j - 1]                 # j receives from j - 1
+            w.received(t)
+            sent_elements[j] += packets[j].shape[0]
+    return Run(np.stack([w.result() for w in workers]), sent_elements)
 
 
 def emulate(design: Design, inputs: np.ndarray) -> np.ndarray:
