@@ -244,6 +244,82 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     _emit(fmt, out, render)
 
 
+def _sizes(sizes, min_size, max_size):
+    if sizes:
+        out = [parse_size(x) for x in sizes.split(",") if x.strip()]
+    else:
+        if not 0 < min_size <= max_size:
+            raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
+        out, n = [], min_size
+        while n <= max_size:
+            out.append(n)
+            n *= 4
+    if not out or min(out) < 0 or max(out) > 4 << 30:
+        raise click.BadParameter(f"sizes must be between 0 and 4GiB, got {sizes!r}", param_hint="'--sizes'")
+    return out
+
+
+@main.command()
+@click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Local worker processes (Gloo over 127.0.0.1).")
+@click.option("--algorithms", "names", default="ring,tree,halving_doubling,sharded,central,host,cerar",
+              show_default=True, help="Comma-separated algorithms; the engine's own all-reduce runs as 'native'.")
+@click.option("--sizes", default=None, help="Comma-separated message sizes (e.g. 4KB,1MB,64MB).")
+@click.option("--min-size", type=Size(), default="4KB", show_default=True)
+@click.option("--max-size", type=Size(), default="256MB", show_default=True)
+@click.option("--iters", type=click.IntRange(1, 10000), default=None, help="Timed iterations per row (default by size).")
+@click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "int32"]), default="float32",
+              show_default=True)
+@click.option("--components", "-c", type=click.IntRange(min=1), default=None, help="CERAR components (default 2N).")
+@click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
+@click.option("--timeout", type=click.FloatRange(0, 1e6, min_open=True), default=60.0, show_default=True,
+              help="Seconds before a stalled collective raises PeerError.")
+@click.option("--topology", "-t", default=None,
+              help="A topology (e.g. from 'gradsync calibrate') to print the simulator's prediction beside each row.")
+@format_option
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology, fmt):
+    """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
+    from .runtime import bench as bench_mod
+    from .runtime.launch import run
+
+    if backend == "mpi":
+        raise click.BadParameter("the MPI backend is not available yet: use --backend torch", param_hint="'--backend'")
+    chosen = [a.strip() for a in names.split(",") if a.strip()]
+    for a in chosen:
+        algorithms.get(a)
+    if dtype not in ("float32", "float64") and "cerar" in chosen:
+        chosen.remove("cerar")
+    options = {"cerar": {"components": components}} if components else {}
+    byte_sizes = _sizes(sizes, min_size, max_size)
+    topo = _topology(topology, workers) if topology else None
+    rows = run(bench_mod.worker, workers, byte_sizes, chosen, iters, dtype, timeout, options,
+               fmt == "table" and sys.stderr.isatty(), timeout=timeout * 4 + 600)[0]
+    if topo is not None:
+        for r in rows:
+            name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
+            opts = {**default_options(name, topo, workers), **options.get(name, {})}
+            sched = algorithms.build(name, workers, r["count"], dtype=dtype if dtype in ("float32", "float64") else None, **opts)
+            r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
+            r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+
+    def render(rows):
+        click.echo(f"gradsync bench: {workers} local workers, Gloo over 127.0.0.1, {dtype}; time = median over ranks' "
+                   f"slowest; busbw = algbw x 2(N-1)/N")
+        headers = ["size", "count", "algorithm", "time", "algbw", "busbw", "max error"]
+        if topo is not None:
+            headers += ["predicted", "pred. error"]
+        table = []
+        for r in rows:
+            line = [format_size(r["bytes"]), r["count"], r["algorithm"], format_time(r["time_s"]),
+                    f"{r['algbw_GBps']:.3f} GB/s", f"{r['busbw_GBps']:.3f} GB/s", f"{r['max_error']:.2g}"]
+            if topo is not None:
+                line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
+            table.append(line)
+        _print_table(headers, table)
+
+    _emit(fmt, rows, render)
+
+
 @main.command("cerar")
 @click.option("--workers", "-n", type=click.IntRange(min=2), required=True, help="Workers on the ring (N).")
 @click.option("--components", "-c", type=click.IntRange(min=1), required=True, help="Components (c).")

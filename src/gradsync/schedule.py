@@ -208,8 +208,9 @@ def _check_write_conflicts(t: np.ndarray) -> None:
               "with a copy", b[np.argmax(clash)])
 
 
-def _execute_symbolically(s: Schedule) -> None:
-    """Track, per node and elementary interval, the set of worker inputs held (as bits)."""
+def _symbolic_state(s: Schedule, ops=(REDUCE, COPY)):
+    """Run the schedule on sets of worker inputs (bit-packed); return the cuts and what each
+    node holds in each elementary interval. Raises ScheduleError on the first bad transfer."""
     t = s.transfers
     cuts = np.unique(np.concatenate([[0, s.elements], t["offset"], t["offset"] + t["count"]]))
     nwords = (s.workers + 7) // 8
@@ -218,10 +219,12 @@ def _execute_symbolically(s: Schedule) -> None:
     held[:s.workers] = own[:, None, :]
     first = np.searchsorted(cuts, t["offset"])
     last = np.searchsorted(cuts, t["offset"] + t["count"])
+    chosen = np.isin(t["op"], ops)
     for r in range(s.rounds):
         lo, hi = s.round_starts[r], s.round_starts[r + 1]
-        payloads = [held[t["src"][i], first[i]:last[i]].copy() for i in range(lo, hi)]
-        for i, payload in zip(range(lo, hi), payloads):
+        idx = [i for i in range(lo, hi) if chosen[i]]
+        payloads = [held[t["src"][i], first[i]:last[i]].copy() for i in idx]
+        for i, payload in zip(idx, payloads):
             if not payload.any(axis=-1).all():
                 _fail("sends elements that hold no input yet (read before arrival)", t[i])
             dst = held[t["dst"][i], first[i]:last[i]]
@@ -233,9 +236,33 @@ def _execute_symbolically(s: Schedule) -> None:
                     _fail(f"worker {np.flatnonzero(overlap)[0]}'s input would be counted twice", t[i])
                 dst |= payload
     full = np.packbits(np.ones(s.workers, dtype=bool))
-    done = (held[:s.workers] == full).all(axis=-1)
+    return cuts, held, (held == full).all(axis=-1)
+
+
+def _execute_symbolically(s: Schedule) -> None:
+    cuts, held, done = _symbolic_state(s)
+    done = done[:s.workers]
     if not done.all():
         w, iv = np.argwhere(~done)[0]
         missing = np.flatnonzero(~np.unpackbits(held[w, iv], count=s.workers).astype(bool))
         _fail(f"worker {w} ends without the input of worker(s) {missing[:8].tolist()} "
               f"in elements [{cuts[iv]}, {cuts[iv + 1]})")
+
+
+def complete_segments(schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
+    """Where each node holds the complete sum once the schedule's REDUCE transfers have run:
+    the segments it owns in a key-value store built on this schedule.
+
+    >>> from gradsync.algorithms import ring
+    >>> complete_segments(ring.schedule(2, 10))
+    {0: [(5, 5)], 1: [(0, 5)]}
+    """
+    cuts, _, done = _symbolic_state(schedule, ops=(REDUCE,))
+    out = {}
+    for node in range(schedule.nodes):
+        iv = np.flatnonzero(done[node])
+        if len(iv):
+            # merge adjacent intervals into segments
+            runs = np.split(iv, np.flatnonzero(np.diff(iv) != 1) + 1)
+            out[node] = [(int(cuts[g[0]]), int(cuts[g[-1] + 1] - cuts[g[0]])) for g in runs]
+    return out

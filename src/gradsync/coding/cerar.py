@@ -126,6 +126,7 @@ class Design:
         """A_i (L x c): row tau - 1 encodes round tau, E_i(tau) = A_i[tau - 1] @ G_i."""
         return self.coefficients(np.arange(1, self.rounds + 1) - worker)
 
+    @lru_cache(maxsize=None)
     def sender(self, worker: int) -> np.ndarray:
         """F_j (L x c): what worker j adds to the packet it forwards in round t, E_j(t) - E_j(t - N).
 
@@ -134,6 +135,7 @@ class Design:
         a = self.encoder(worker)
         f = a.copy()
         f[self.workers:] -= a[:-self.workers]
+        f.flags.writeable = False
         return f
 
     def decode_scale(self, worker: int) -> np.ndarray:
@@ -152,6 +154,7 @@ class Design:
         a, b = worker, self.workers - 1 - worker
         return (a + b * np.conj(q)) / (a + b * np.abs(q) ** 2)
 
+    @lru_cache(maxsize=None)
     def decoder(self, worker: int) -> np.ndarray:
         """[R_j | B_j] (c x 2c): estimate = R_j @ raw_j + B_j @ G_j.
 
@@ -170,7 +173,9 @@ class Design:
         r = d @ scipy.linalg.lu_solve(self._lu, np.eye(self.components))
         own = np.zeros((self.components, self.components))
         own[1:] = self.encoder(worker)[:self.components - 1]
-        return np.hstack([r, np.eye(self.components) - r @ own])
+        out = np.hstack([r, np.eye(self.components) - r @ own])
+        out.flags.writeable = False
+        return out
 
     # --- error ---------------------------------------------------------------------------------
     def predicted_error(self, dtype="float64") -> float:
@@ -468,7 +473,7 @@ def _matrix_like(like, matrix: np.ndarray):
     if isinstance(like, np.ndarray):
         return matrix.astype(like.dtype)
     import torch
-    return torch.as_tensor(matrix, dtype=like.dtype, device=like.device)
+    return torch.tensor(matrix, dtype=like.dtype, device=like.device)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import datetime
 import os
 import queue as queue_module
 import socket
+import time
 import traceback
 
 import torch.distributed as dist
@@ -45,11 +46,11 @@ def _entry(rank, workers, port, host, fn, args, results, timeout):
             dist.destroy_process_group()
 
 
-def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0) -> list:
+def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False) -> list:
     """Run ``fn(rank, workers, *args)`` in ``workers`` new processes; return their results by rank.
 
-    ``fn`` must be importable (defined at module level). Raises ``GradsyncError`` naming the
-    ranks that failed, with their errors.
+    ``fn`` must be importable (defined at module level). A worker that raises or dies makes
+    this raise ``GradsyncError`` naming it, unless ``tolerate``: then its slot holds the error.
 
     Example::
 
@@ -69,23 +70,36 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0) -
              for r in range(workers)]
     for p in procs:
         p.start()
-    out, errors = [None] * workers, {}
+    out, errors, done = [None] * workers, {}, set()
+    deadline = time.monotonic() + timeout + 30
     try:
-        for _ in range(workers):
-            rank, status, value = results.get(timeout=timeout + 30)
+        while len(done) < workers and time.monotonic() < deadline:
+            try:
+                rank, status, value = results.get(timeout=0.2)
+            except queue_module.Empty:
+                for r, p in enumerate(procs):   # a process gone without a word has died
+                    if r not in done and not p.is_alive() and results.empty():
+                        time.sleep(0.2)
+                        if results.empty():
+                            errors[r] = f"died with exit code {p.exitcode} before reporting"
+                            done.add(r)
+                continue
+            done.add(rank)
             if status == "ok":
                 out[rank] = value
             else:
                 errors[rank] = value
-    except queue_module.Empty:
-        missing = [r for r in range(workers) if out[r] is None and r not in errors]
-        errors.update({r: "no result (the process hung or died)" for r in missing})
+        for r in range(workers):
+            if r not in done:
+                errors[r] = "no result before the timeout (the process hung)"
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    if errors:
+    if errors and not tolerate:
         lines = "; ".join(f"rank {r}: {msg.splitlines()[0]}" for r, msg in sorted(errors.items()))
         raise GradsyncError(f"{len(errors)} of {workers} workers failed: {lines}")
+    for r, msg in errors.items():
+        out[r] = GradsyncError(f"rank {r}: {msg}")
     return out

@@ -1,0 +1,98 @@
+"""``gradsync bench``: all-reduce timings between local processes, like nccl-tests.
+
+Every algorithm runs on the same inputs as the engine's own all-reduce (the ``native`` row),
+in the same processes, one size at a time. Worker r holds (r + 1) * base, so each rank checks
+its result against the float64 sum of exactly those inputs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from .api import all_reduce
+
+NATIVE = "native"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int32": torch.int32}
+
+
+def default_iters(nbytes: int) -> int:
+    return 20 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
+
+
+def _inputs(rank: int, workers: int, elements: int, dtype: torch.dtype):
+    base = torch.randn(elements, generator=torch.Generator().manual_seed(12345), dtype=torch.float64)
+    if not dtype.is_floating_point:
+        base = (base * 1000).round()
+    mine = (base * (rank + 1)).to(dtype)
+    reference = torch.zeros(elements, dtype=torch.float64)
+    for r in range(workers):
+        reference += (base * (r + 1)).to(dtype).double()
+    return mine, reference
+
+
+def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, options, progress) -> list[dict]:
+    """One rank's part of the benchmark; rank 0 returns the rows."""
+    torch.set_num_threads(1)
+    dtype = DTYPES[dtype_name]
+    itemsize = torch.tensor([], dtype=dtype).element_size()
+    rows, total = [], len(sizes) * (len(names) + 1)
+    bar = _progress(total) if progress and rank == 0 else None
+    for nbytes in sizes:
+        elements = nbytes // itemsize
+        mine, reference = _inputs(rank, workers, elements, dtype)
+        names_here = [NATIVE] + list(names)
+        bufs = {name: mine.clone() for name in names_here}
+        times = {name: [] for name in names_here}
+        calls = {name: _call(name, bufs[name], timeout, options.get(name, {})) for name in names_here}
+        # Interleaved: every iteration runs each algorithm once, so that the machine's slow and
+        # fast moments (2 shared cores) fall on all of them alike. The first round warms up.
+        for i in range(1 + (iters or default_iters(nbytes))):
+            for name in names_here:
+                bufs[name].copy_(mine)
+                dist.barrier()
+                start = time.perf_counter()
+                calls[name]()
+                times[name].append(time.perf_counter() - start)
+        scale = reference.abs().max().item() or 1.0
+        for name in names_here:
+            error = (bufs[name].double() - reference).abs().max().item() / scale if elements else 0.0
+            stats = torch.tensor([statistics.median(times[name][1:]), error], dtype=torch.float64)
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)               # the slowest rank, the worst error
+            t = stats[0].item()
+            algbw = nbytes / t if t > 0 else 0.0
+            rows.append({"algorithm": name, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
+                         "time_s": t, "algbw_GBps": algbw / 1e9,
+                         "busbw_GBps": algbw * 2 * (workers - 1) / workers / 1e9, "max_error": stats[1].item(),
+                         "workers": workers})
+            if bar:
+                bar(f"{name} {nbytes} B")
+    if bar:
+        bar(None)
+    return rows if rank == 0 else None
+
+
+def _call(name, buf, timeout, opts):
+    if name == NATIVE:
+        return lambda: dist.all_reduce(buf)
+    return lambda: all_reduce(buf, algorithm=name, timeout=timeout, **opts)
+
+
+def _progress(total: int):
+    """A progress bar on stderr (rank 0 only)."""
+    from rich.progress import Progress
+
+    progress = Progress(transient=True, console=__import__("rich.console").console.Console(file=sys.stderr))
+    task = progress.add_task("bench", total=total)
+    progress.start()
+
+    def step(label):
+        if label is None:
+            progress.stop()
+        else:
+            progress.update(task, advance=1, description=label)
+    return step

@@ -1,0 +1,144 @@
+"""Bodies run in worker processes by tests/test_runtime.py (importable by spawned children)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import gradsync
+from gradsync.runtime import KVStore, all_reduce_coalesced
+
+DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
+
+
+def inputs(rank, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g, dtype=torch.float64) * 10).to(dtype)
+    return torch.randint(-1000, 1000, (n,), generator=g, dtype=dtype)
+
+
+def reference(workers, n, dtype, seed=0):
+    return sum(inputs(r, n, dtype, seed).double() for r in range(workers))
+
+
+def every_algorithm(rank, workers):
+    """Max relative error per (algorithm, dtype, length) against the float64 sum of the inputs."""
+    out = {}
+    for alg in gradsync.ALGORITHMS:
+        for dtype in DTYPES:
+            if alg == "cerar" and dtype not in (torch.float32, torch.float64):
+                continue
+            for n in (0, 1, 2, workers - 1, 13, 1000):
+                x = inputs(rank, n, dtype)
+                opts = {"components": workers} if alg == "cerar" else {}
+                gradsync.all_reduce(x, algorithm=alg, **opts)
+                ref = reference(workers, n, dtype)
+                scale = ref.abs().max().item() if n else 1.0
+                out[(alg, str(dtype), n)] = (x.double() - ref).abs().max().item() / (scale or 1.0) if n else 0.0
+    return out
+
+
+def shapes_and_ops(rank, workers):
+    """Non-contiguous tensors, 2-D shapes, average, CERAR with c > N, auto."""
+    base = inputs(rank, 60, torch.float64).view(6, 10)
+    t = base.t()                                   # non-contiguous view
+    gradsync.all_reduce(t, algorithm="halving_doubling")
+    ref = reference(workers, 60, torch.float64).view(6, 10).t()
+    avg = inputs(rank, 100, torch.float32)
+    gradsync.all_reduce(avg, algorithm="tree", op="avg")
+    approx = inputs(rank, 5000, torch.float32)
+    gradsync.all_reduce(approx, algorithm="cerar", components=2 * workers)
+    auto = inputs(rank, 3000, torch.float32)
+    gradsync.all_reduce(auto, algorithm="auto")
+    return {"noncontiguous": (t - ref).abs().max().item(), "base_is_view": bool(torch.equal(base.t(), t)),
+            "avg": (avg.double() - reference(workers, 100, torch.float32) / workers).abs().max().item(),
+            "cerar": ((approx.double() - reference(workers, 5000, torch.float32)).norm()
+                      / reference(workers, 5000, torch.float32).norm()).item(),
+            "auto": (auto.double() - reference(workers, 3000, torch.float32)).abs().max().item(),
+            "cerar_result": approx[:5].tolist()}
+
+
+def mismatch(rank, workers):
+    """Rank 1 calls with a different length: everyone must raise before any data moves."""
+    x = torch.ones(10 if rank != 1 else 11)
+    try:
+        gradsync.all_reduce(x, algorithm="ring")
+        return "no error"
+    except gradsync.MismatchError as exc:
+        return {"message": str(exc), "untouched": bool(torch.equal(x, torch.ones_like(x)))}
+
+
+def dead_peer(rank, workers, algorithm, timeout, check):
+    """The last rank exits at once; the others must raise PeerError within the timeout."""
+    if rank == workers - 1:
+        os._exit(0)
+    x = torch.ones(1 << 16)
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(x, algorithm=algorithm, timeout=timeout, check=check)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def stalled_peer(rank, workers, timeout):
+    """Rank 0 sleeps past the timeout; its peers must time out naming a rank."""
+    if rank == 0:
+        time.sleep(timeout + 3)
+        return {"slept": True}
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(torch.ones(100), algorithm="ring", timeout=timeout, check=False)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def kvstore(rank, workers):
+    out = {}
+    for strategy in ("sharded", "central", "host", "ring", "tree", "halving_doubling"):
+        kv = KVStore(strategy, updater=lambda key, grad, weight: weight.sub_(0.5 * grad))
+        kv.init("w", torch.arange(12, dtype=torch.float32))
+        kv.push("w", torch.full((12,), float(rank + 1)))
+        pulled = kv.pull("w", torch.empty(12))
+        plain = KVStore(strategy)
+        plain.init("g", torch.zeros(7, dtype=torch.float64))
+        plain.push("g", [torch.ones(7, dtype=torch.float64), torch.ones(7, dtype=torch.float64) * rank])
+        summed = plain.pushpull("g", [torch.ones(7, dtype=torch.float64)], torch.empty(7, dtype=torch.float64))
+        out[strategy] = {"pulled": pulled.tolist(), "summed": summed.tolist()}
+    return out
+
+
+def bucketed(rank, workers):
+    tensors = [inputs(rank, n, torch.float64, seed=i) for i, n in enumerate([1, 5, 1000, 3, 70000, 2])]
+    all_reduce_coalesced(tensors, bucket_bytes=8000, algorithm="ring")
+    refs = [reference(workers, n, torch.float64, seed=i) for i, n in enumerate([1, 5, 1000, 3, 70000, 2])]
+    return max((t - r).abs().max().item() for t, r in zip(tensors, refs))
+
+
+def ddp_hook(rank, workers, algorithm, options):
+    """Gradients after one DDP step with a gradsync hook, and with DDP's own all-reduce."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsync.torch import comm_hook
+
+    grads = {}
+    for name in ("default", "gradsync"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 5))
+        model = DistributedDataParallel(net)
+        if name == "gradsync":
+            model.register_comm_hook(None, comm_hook(algorithm, **options))
+        g = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(16, 20, generator=g), torch.randn(16, 5, generator=g)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        grads[name] = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return ((grads["gradsync"] - grads["default"]).norm() / grads["default"].norm()).item()
+
+
+def fails(rank, workers):
+    if rank == 1:
+        raise ValueError("boom on purpose")
+    return rank

@@ -1,0 +1,85 @@
+"""Real all-reduce between local processes (Gloo over 127.0.0.1), against numpy/float64 sums."""
+
+import pytest
+
+import runtime_bodies as bodies
+from gradsync import GradsyncError
+from gradsync.runtime import run
+
+TOLERANCE = {"torch.float32": 1e-6, "torch.float64": 1e-13, "torch.int32": 0.0, "torch.bfloat16": 2e-2}
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_every_algorithm_dtype_and_length_sums_exactly(workers):
+    results = run(bodies.every_algorithm, workers)
+    for key, error in results[0].items():
+        algorithm, dtype, n = key
+        tol = TOLERANCE[dtype] if algorithm != "cerar" else (1e-5 if "32" in dtype else 1e-12)
+        for rank_result in results:
+            assert rank_result[key] <= tol, (key, rank_result[key])
+
+
+def test_shapes_views_average_cerar_and_auto():
+    results = run(bodies.shapes_and_ops, 3)
+    for r in results:
+        assert r["noncontiguous"] < 1e-12 and r["base_is_view"]
+        assert r["avg"] < 1e-5 and r["auto"] < 1e-3
+        assert 1e-6 < r["cerar"] < 1e-2                       # c = 2N: approximate, within its design
+    assert results[0]["cerar_result"] != results[1]["cerar_result"]   # replicas differ slightly
+
+
+def test_mismatched_shapes_raise_on_every_rank_before_any_data_moves():
+    results = run(bodies.mismatch, 3)
+    for r in results:
+        assert r["untouched"]
+        assert "shape" in r["message"] and "[0, 2]" in r["message"] and "[1]" in r["message"]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "sharded"])
+def test_a_dead_peer_gives_peer_error_within_the_timeout(algorithm):
+    timeout = 3.0
+    results = run(bodies.dead_peer, 4, algorithm, timeout, False, timeout=60, tolerate=True)
+    survivors = results[:3]
+    for r in survivors:
+        assert r["error"] is not None, r
+        assert r["seconds"] <= timeout + 2
+        assert "rank" in r["error"]
+    assert any(r["peer"] == 3 for r in survivors)          # its neighbours name the dead rank
+
+
+def test_a_stalled_peer_times_out_naming_it():
+    results = run(bodies.stalled_peer, 3, 2.0, timeout=60)
+    for r in results[1:]:
+        assert r["error"] and r["seconds"] <= 2.0 + 2, r
+        assert "did not answer" in r["error"] or "closed" in r["error"]
+    assert any(r["peer"] == 0 for r in results[1:])
+
+
+def test_kvstore_sums_updates_at_the_owners_and_pulls_everywhere():
+    workers = 3
+    results = run(bodies.kvstore, workers)
+    total = sum(range(1, workers + 1))
+    expected_w = [i - 0.5 * total for i in range(12)]
+    expected_g = [float(2 * workers + sum(range(workers)))] * 7      # two pushes: (1 + rank) then 1
+    for r in results:
+        for strategy, got in r.items():
+            assert got["pulled"] == pytest.approx(expected_w), strategy
+            assert got["summed"] == pytest.approx([workers] * 7), strategy   # pushpull stores the last sum
+    assert expected_g  # the list push is checked through the pulled sum below
+
+
+def test_bucketed_all_reduce_is_exact():
+    for error in run(bodies.bucketed, 3):
+        assert error < 1e-9
+
+
+@pytest.mark.parametrize("algorithm,options,tolerance", [("ring", {}, 1e-6), ("halving_doubling", {}, 1e-6),
+                                                          ("cerar", {"components": 4}, 1e-2)])
+def test_ddp_comm_hook_matches_ddp(algorithm, options, tolerance):
+    for error in run(bodies.ddp_hook, 2, algorithm, options):
+        assert error <= tolerance
+
+
+def test_a_failing_worker_is_named():
+    with pytest.raises(GradsyncError, match="rank 1: ValueError: boom on purpose"):
+        run(bodies.fails, 3)
