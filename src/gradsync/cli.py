@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -291,9 +292,16 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         chosen.remove("cerar")
     options = {"cerar": {"components": components}} if components else {}
     byte_sizes = _sizes(sizes, min_size, max_size)
+    args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
+        rows, workers = _bench_under_torchrun(bench_mod, args)
+        if rows is None:
+            return
+        where = f"{workers} ranks started by torchrun, Gloo"
+    else:
+        rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600)[0]
+        where = f"{workers} local workers, Gloo over 127.0.0.1"
     topo = _topology(topology, workers) if topology else None
-    rows = run(bench_mod.worker, workers, byte_sizes, chosen, iters, dtype, timeout, options,
-               fmt == "table" and sys.stderr.isatty(), timeout=timeout * 4 + 600)[0]
     if topo is not None:
         for r in rows:
             name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
@@ -303,7 +311,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
 
     def render(rows):
-        click.echo(f"gradsync bench: {workers} local workers, Gloo over 127.0.0.1, {dtype}; time = median over ranks' "
+        click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
                    f"slowest; busbw = algbw x 2(N-1)/N")
         headers = ["size", "count", "algorithm", "time", "algbw", "busbw", "max error"]
         if topo is not None:
@@ -318,6 +326,48 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         _print_table(headers, table)
 
     _emit(fmt, rows, render)
+
+
+def _bench_under_torchrun(bench_mod, args):
+    """Run as one rank of the group torchrun started (env:// rendezvous); rank 0 gets the rows."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args[4] * 4 + 600))
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return bench_mod.worker(rank, world, *args), world
+    finally:
+        dist.destroy_process_group()
+
+
+@main.command()
+@click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--out", "-o", default="calibrated.json", show_default=True,
+              help="Topology file to write (.json or .yaml).")
+@click.option("--repeats", type=click.IntRange(3, 1000), default=10, show_default=True)
+@format_option
+def calibrate(workers, out, repeats, fmt):
+    """Measure latency, bandwidth and compute between local workers; write a topology file."""
+    from .runtime import calibrate as cal
+    from .runtime.launch import run
+
+    if not out.endswith((".json", ".yaml", ".yml")):
+        raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
+    fit = run(cal.worker, workers, repeats)[0]
+    path = cal.write(fit, out)
+    fit["topology_file"] = str(path)
+
+    def render(f):
+        click.echo(f"calibrated {workers} local workers -> {path}")
+        _print_table(["", "value"], [["latency per round", format_time(f["round_latency_s"])],
+                                     ["bandwidth per direction", f"{f['bandwidth_Bps'] / 1e9:.3g} GB/s"],
+                                     ["adds per second", f"{f['add_rate']:.3g}"],
+                                     ["multiply-adds per second (small GEMM)", f"{f['madd_rate']:.3g}"]])
+        click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
+
+    _emit(fmt, fit, render)
 
 
 @main.command("cerar")

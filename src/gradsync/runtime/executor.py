@@ -20,8 +20,9 @@ from ..emulate import _reads_race_writes
 from ..schedule import CODED, COPY, REDUCE, Schedule
 
 HOST_RANK = 0   # the process that runs helper nodes (the host CPU beside worker 0)
-PIECE_BYTES = 1 << 17   # REDUCE transfers are cut in pieces so that adds overlap the transfer
-MAX_PIECES = 64         # tags are transfer index * MAX_PIECES + piece
+PIECE_BYTES = 1 << 20   # REDUCE transfers are cut in pieces of at least this, so that adds
+PIECES = 8              # overlap the transfer; at most PIECES of them, as each message costs
+MAX_PIECES = 64         # Gloo a rendezvous. Tags are transfer index * MAX_PIECES + piece.
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,8 @@ def run_rounds(schedule: Schedule, buffers: dict, transport, deadline: float,
 
 
 def _pieces(count: int, piece: int) -> list[tuple[int, int]]:
-    """Cut ``count`` elements in at most MAX_PIECES near-equal pieces of about ``piece``."""
-    parts = min(MAX_PIECES, max(1, -(-count // piece)))
+    """Cut ``count`` elements in at most PIECES near-equal pieces of at least about ``piece``."""
+    parts = min(PIECES, max(1, count // piece))
     bounds = [count * k // parts for k in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 

@@ -1,0 +1,109 @@
+"""Measure the local workers and write a topology the simulator, ``tune`` and "auto" can use.
+
+The model is fitted to the runtime as it behaves, not to raw sockets: ring all-reduce times
+T(n) at sizes from 256 KB to 64 MB (measured in interleaved passes, so that the shared
+machine's slow moments fall on all sizes alike) are fitted to T = A + B n by least squares on relative error
+(the error the predictions are judged by), then the ring's closed form gives the per-round
+latency alpha = A / 2(N-1) and, less the adds measured locally, the bandwidth. Gloo's
+per-message costs are thus in alpha.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .api import all_reduce
+
+LARGE_BYTES = 32 << 20
+FIT_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+
+
+def _median_time(fn, repeats, barrier=True):
+    times = []
+    for _ in range(repeats + 1):
+        if barrier:
+            dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def worker(rank: int, workers: int, repeats: int) -> dict | None:
+    """One rank's measurements; rank 0 returns the fitted parameters."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
+    add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
+    g, m = torch.randn(16, 1 << 18), torch.randn(22, 16)
+    madd_rate = 22 * 16 * g.shape[1] / _median_time(lambda: m @ g, repeats, barrier=False)
+    bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
+    samples = [[] for _ in FIT_BYTES]
+    for i in range(repeats + 1):
+        for k, buf in enumerate(bufs):
+            dist.barrier()
+            start = time.perf_counter()
+            all_reduce(buf, check=False)
+            if i:                                   # the first pass warms up
+                samples[k].append(time.perf_counter() - start)
+    times = [statistics.median(s) for s in samples]
+    stats = torch.tensor(times + [-add_rate, -madd_rate], dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)       # slowest rank; rates: the lowest
+    if rank:
+        return None
+    times, add_rate, madd_rate = stats[:-2].tolist(), -stats[-2].item(), -stats[-1].item()
+    return fit(workers, list(FIT_BYTES), times, add_rate, madd_rate)
+
+
+def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
+    """Fit ring all-reduce times to T = A + B n (relative least squares); derive alpha, bandwidth.
+
+    >>> f = fit(2, [1e3, 1e6, 1e7], [2e-4 + 1e3 / 1e9, 2e-4 + 1e6 / 1e9, 2e-4 + 1e7 / 1e9], float("inf"), 1e10)
+    >>> round(f["round_latency_s"] * 1e6), round(f["bandwidth_Bps"] / 1e9, 3)
+    (100, 1.0)
+    """
+    import numpy as np
+
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    (a, b), *_ = np.linalg.lstsq(np.stack([1 / t, n / t], axis=1), np.ones_like(t), rcond=None)
+    steps, share = max(2 * (workers - 1), 1), (workers - 1) / workers if workers > 1 else 1.0
+    per_byte_wire = b - share / 4 / add_rate          # the adds, measured apart
+    bandwidth = 2 * share / per_byte_wire if per_byte_wire > 0 else float("inf")
+    residual = (a + b * n) / t - 1
+    return {"workers": workers, "round_latency_s": max(a, 0.0) / steps, "bandwidth_Bps": bandwidth,
+            "add_rate": add_rate, "madd_rate": madd_rate, "fit_sizes": n.tolist(), "fit_times_s": t.tolist(),
+            "fit_max_relative_error": float(np.abs(residual).max())}
+
+
+def topology_dict(fit: dict, name: str = "calibrated") -> dict:
+    """A single-switch topology from calibrated parameters (latency split over the 2 hops)."""
+    n = fit["workers"]
+    bandwidth = fit["bandwidth_Bps"] if fit["bandwidth_Bps"] != float("inf") else 1e12
+    rates = {"reduce_rate": fit["add_rate"], "madd_rate": fit["madd_rate"]}
+    nodes = [{"name": f"worker{i}", "kind": "host", **rates} for i in range(n)]
+    nodes += [{"name": "ps", "kind": "cpu", **rates}, {"name": "switch", "kind": "switch"}]
+    links = [{"a": node["name"], "b": "switch", "bandwidth": bandwidth, "latency": fit["round_latency_s"] / 2}
+             for node in nodes[:-1]]
+    return {"name": name, "description": f"{n} local workers, calibrated by gradsync calibrate: "
+            f"{fit['round_latency_s'] * 1e6:.0f} us per round, {bandwidth / 1e9:.2f} GB/s per direction",
+            "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(n)], "host": "ps"}
+
+
+def write(fit: dict, path: str | Path) -> Path:
+    path = Path(path)
+    data = topology_dict(fit, path.stem)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(data, indent=2))
+    elif path.suffix in (".yaml", ".yml"):
+        import yaml
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    else:
+        raise ConfigError(f"--out must end in .json, .yaml or .yml, got {path.name!r}")
+    return path
