@@ -77,7 +77,7 @@ def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
     per_byte_wire = b - share / 4 / add_rate          # the adds, measured apart
     bandwidth = 2 * share / per_byte_wire if per_byte_wire > 0 else float("inf")
     residual = (a + b * n) / t - 1
-    return {"workers": workers, "round_latency_s": max(a, 0.0) / steps, "bandwidth_Bps": bandwidth,
+    return {"workers": workers, "round_latency_s": float(max(a, 0.0)) / steps, "bandwidth_Bps": float(bandwidth),
             "add_rate": add_rate, "madd_rate": madd_rate, "fit_sizes": n.tolist(), "fit_times_s": t.tolist(),
             "fit_max_relative_error": float(np.abs(residual).max())}
 
