@@ -142,3 +142,32 @@ def fails(rank, workers):
     if rank == 1:
         raise ValueError("boom on purpose")
     return rank
+
+
+def non_finite(rank, workers):
+    """Rank 2 holds a NaN: with check_finite, everyone raises naming it; without, NaN spreads."""
+    x = torch.ones(50)
+    if rank == 2:
+        x[7] = float("nan")
+    try:
+        gradsync.all_reduce(x, check_finite=True)
+        caught = None
+    except gradsync.MismatchError as exc:
+        caught = str(exc)
+    y = x.clone()
+    gradsync.all_reduce(y)
+    return {"caught": caught, "untouched": bool(torch.equal(x[:7], torch.ones(7))), "spread": bool(y.isnan().any())}
+
+
+def straggler(rank, workers, delay):
+    """Rank 0 starts late; the others warn (logging) before finishing normally."""
+    import logging
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("gradsync").addHandler(handler)
+    if rank == 0:
+        time.sleep(delay)
+    x = torch.ones(10)
+    gradsync.all_reduce(x, timeout=delay + 10, stall_warning=delay / 3, check=False)
+    return {"warnings": records, "sum": x.tolist()}

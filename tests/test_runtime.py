@@ -43,8 +43,7 @@ def test_a_dead_peer_gives_peer_error_within_the_timeout(algorithm):
     for r in survivors:
         assert r["error"] is not None, r
         assert r["seconds"] <= timeout + 2
-        assert "rank" in r["error"]
-    assert any(r["peer"] == 3 for r in survivors)          # its neighbours name the dead rank
+        assert r["peer"] == 3, r                             # every survivor names the dead rank
 
 
 def test_a_stalled_peer_times_out_naming_it():
@@ -52,7 +51,7 @@ def test_a_stalled_peer_times_out_naming_it():
     for r in results[1:]:
         assert r["error"] and r["seconds"] <= 2.0 + 2, r
         assert "did not answer" in r["error"] or "closed" in r["error"]
-    assert any(r["peer"] == 0 for r in results[1:])
+    assert all(r["peer"] == 0 for r in results[1:]), results
 
 
 def test_kvstore_sums_updates_at_the_owners_and_pulls_everywhere():
@@ -83,3 +82,16 @@ def test_ddp_comm_hook_matches_ddp(algorithm, options, tolerance):
 def test_a_failing_worker_is_named():
     with pytest.raises(GradsyncError, match="rank 1: ValueError: boom on purpose"):
         run(bodies.fails, 3)
+
+
+def test_non_finite_gradients_are_refused_on_every_rank_when_asked():
+    for r in run(bodies.non_finite, 3):
+        assert r["caught"] and "finite" in r["caught"] and "[2]" in r["caught"]
+        assert r["untouched"] and r["spread"]      # off by default: NaN spreads, as in any sum
+
+
+def test_a_straggler_is_warned_about_then_finishes():
+    results = run(bodies.straggler, 3, 1.5)
+    for r in results:
+        assert r["sum"] == [3.0] * 10
+    assert any("still waiting for rank" in w for r in results[1:] for w in r["warnings"])

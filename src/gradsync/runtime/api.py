@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from .. import algorithms
-from ..errors import ConfigError, MismatchError, PeerError
+from ..errors import ConfigError, MismatchError
 from .executor import execute
-from .transport import TorchTransport, _peer_error, Pending
+from .transport import Pending, TorchTransport
 
 OPS = ("sum", "avg")
 DEFAULT_TIMEOUT = float(os.environ.get("GRADSYNC_TIMEOUT", 60.0))
@@ -73,23 +73,25 @@ def _agree(transport: TorchTransport, description: dict, deadline: float) -> Non
 def _all_gather(transport: TorchTransport, tensor: torch.Tensor, deadline: float) -> list[torch.Tensor]:
     out = [torch.empty_like(tensor) for _ in range(transport.size)]
     work = dist.all_gather(out, tensor, group=transport.group, async_op=True)
-    try:
-        transport.wait([Pending(work, -1, "gather", -1)], deadline)
-    except PeerError as exc:
-        raise PeerError(f"rank {transport.rank}: a peer failed while agreeing on the collective ({exc})",
-                        peer=None, op="agree") from None
+    transport.wait([Pending(work, -1, "gather", -1)], deadline)
     return out
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
-               timeout: float | None = None, check: bool = True, **options) -> torch.Tensor:
+               timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
+               check_finite: bool = False, **options) -> torch.Tensor:
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
     Like ``torch.distributed.all_reduce``: every rank calls it with a tensor of the same shape
     and dtype. ``algorithm`` is a registry name or "auto"; ``options`` go to the algorithm
     (``components=16`` for CERAR). Before any data moves the ranks agree on shape, dtype,
     algorithm and options (``check``); a mismatch raises ``MismatchError`` on every rank. A
-    peer that fails or stalls raises ``PeerError`` within ``timeout`` seconds.
+    peer that fails or stalls raises ``PeerError`` within ``timeout`` seconds, on every rank,
+    naming the rank that failed; ``stall_warning`` seconds logs a warning naming the peer
+    still awaited (a straggler) before that. ``check_finite`` adds to the agreement whether
+    each rank's tensor is free of NaN and Inf: if one is not, every rank raises
+    ``MismatchError`` naming it, before anything is summed (off by default: it reads the
+    tensor once more).
 
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
 
@@ -110,8 +112,17 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     if not dist.is_initialized():
         raise ConfigError("torch.distributed is not initialized: call dist.init_process_group first "
                           "(or use gradsync.runtime.launch)")
+    if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
+        raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout
-    transport = TorchTransport(group)
+    transport = TorchTransport(group, stall_warning)
+    try:
+        return _all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options)
+    finally:
+        transport.close()
+
+
+def _all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options):
     workers = transport.size
     if algorithm == "auto":
         algorithm, picked = _pick(tensor, workers)
@@ -119,9 +130,12 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     dtype = str(tensor.dtype).removeprefix("torch.")
     if algorithm == "cerar" and dtype not in ("float32", "float64"):
         raise ConfigError(f"algorithm 'cerar' needs float32 or float64 tensors, got {dtype}")
-    if check:
-        _agree(transport, {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
-                           "options": json.loads(_frozen(options)), "device": tensor.device.type}, deadline)
+    if check or check_finite:
+        description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
+                       "options": json.loads(_frozen(options)), "device": tensor.device.type}
+        if check_finite:
+            description["finite"] = bool(torch.isfinite(tensor).all()) if tensor.is_floating_point() else True
+        _agree(transport, description, deadline)
     if workers == 1:
         return tensor
     schedule = _schedule(algorithm, workers, tensor.numel(), dtype, _frozen(options))

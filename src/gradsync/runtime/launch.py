@@ -43,7 +43,23 @@ def _entry(rank, workers, port, host, fn, args, results, timeout):
         results.put((rank, "error", detail))
     finally:
         if dist.is_initialized():
+            _check_out(rank, workers)
             dist.destroy_process_group()
+
+
+def _check_out(rank: int, workers: int, grace: float = 3.0) -> None:
+    """Rank 0's process hosts the rendezvous store, where failures are posted: it stays until
+    every other rank has checked out (or ``grace`` seconds), so survivors can still read it."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        left = store.add("gradsync/checked_out", 1)
+        if rank == 0:
+            deadline = time.monotonic() + grace
+            while left < workers and time.monotonic() < deadline:
+                time.sleep(0.05)
+                left = store.add("gradsync/checked_out", 0)
+    except Exception:
+        pass
 
 
 def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False) -> list:

@@ -2,11 +2,19 @@
 
 The executor talks only to this interface; ``TorchTransport`` implements it over
 torch.distributed (Gloo on CPU, NCCL on GPU). Failures become ``PeerError`` naming the peer.
+
+So that every survivor names the rank that actually failed, not just the neighbour it was
+blocked on, failures are published in the group's rendezvous store: a rank that sees a
+peer's connection close (or a peer stall past the deadline) records it under the
+collective's key, first writer wins; a rank whose deadline passes reads that key before
+raising. A Gloo wait cannot be resumed after it times out, so nobody polls in between.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -26,18 +34,52 @@ class Pending:
     tag: int
 
 
+log = logging.getLogger("gradsync")
+
+
+def _store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:   # no store (an unusual init): failures are then named locally only
+        return None
+
+
 class TorchTransport:
-    """torch.distributed point-to-point operations within ``group``.
+    """torch.distributed point-to-point operations within ``group``, for one collective.
+
+    ``stall_warning``: seconds after which a still-running collective logs a warning naming
+    the peer it waits for (a straggler), once.
 
     >>> TorchTransport.__name__
     'TorchTransport'
     """
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, stall_warning: float | None = None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.size)]
+        # One notice per group, the same name on every rank (ids differ between processes):
+        # after a PeerError the group cannot be used again, and ranks may be one collective
+        # apart when a failure hits.
+        key = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+        self.failure_key = f"gradsync/failure/{key}"
+        self.waiting_for: Pending | None = None
+        self.started = time.monotonic()
+        self._timer = None
+        if stall_warning:
+            self._timer = threading.Timer(stall_warning, self._warn_stall, args=(stall_warning,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _warn_stall(self, after):
+        p = self.waiting_for
+        who = f"rank {p.peer} ({p.kind})" if p is not None and p.peer >= 0 else "its peers"
+        log.warning("gradsync: rank %d: collective still waiting for %s after %.1f s", self.rank, who, after)
+
+    def close(self):
+        if self._timer is not None:
+            self._timer.cancel()
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
         return Pending(dist.irecv(tensor, self._global[peer], group=self.group, tag=tag), peer, "recv", tag)
@@ -48,22 +90,102 @@ class TorchTransport:
     def wait(self, pending: list[Pending], deadline: float) -> None:
         """Wait for every posted operation, all within ``deadline`` (time.monotonic())."""
         for p in pending:
+            self.waiting_for = p
             left = deadline - time.monotonic()
             try:
                 if left <= 0:
                     raise TimeoutError("deadline passed")
                 p.work.wait(datetime.timedelta(seconds=left))
             except (RuntimeError, TimeoutError, dist.DistBackendError) as exc:
-                raise _peer_error(exc, p, self.rank) from None
+                self.close()
+                raise self._failure(exc, p, deadline) from None
+        self.waiting_for = None
+
+    def _failure(self, exc: Exception, p: Pending, deadline: float) -> PeerError:
+        """The PeerError to raise, naming the rank that failed first anywhere in the group."""
+        own = _peer_error(exc, p, self.rank)
+        timed_out = own.op_detail == "timeout"
+        store = _store()
+        if store is None:
+            return own
+        try:
+            store.set(f"{self.failure_key}/alive/{self.rank}", "1")    # for anyone's roll call
+        except Exception:
+            pass
+        if own.peer is None:        # a collective step failed: find who is missing
+            return self._roll_call(store, own, deadline + 1.0)
+        try:
+            if not timed_out:       # we saw the failure itself: tell the others
+                store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
+            deadline = time.monotonic() + (1.0 if timed_out else 0.0)
+            while True:             # a neighbour may be writing its notice right now
+                if store.check([self.failure_key]):
+                    peer, _, text = store.get(self.failure_key).decode().partition("|")
+                    break
+                if time.monotonic() >= deadline:
+                    store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
+                    return own
+                time.sleep(0.05)
+        except Exception:           # the store is gone: its host, rank 0, has died
+            if self.rank != 0:
+                return PeerError(f"rank {self.rank}: rank 0 is unreachable (it hosts the rendezvous store) "
+                                 f"while waiting for rank {p.peer}", peer=0, op=p.kind)
+            return own
+        if int(peer) == own.peer and not timed_out:
+            return own
+        return PeerError(f"rank {self.rank}: collective abandoned: {text} (this rank was waiting for rank "
+                         f"{p.peer})", peer=int(peer), op=p.kind)
+
+
+    def _roll_call(self, store, own: PeerError, until: float) -> PeerError:
+        """A collective step failed without saying which rank is gone. Every survivor checks
+        in when it meets the failure, at the latest by its own deadline; so unless a rank that
+        saw the failure names it first, who has not checked in by ``until`` (this rank's
+        deadline plus a margin) is named."""
+        def notice():
+            if store.check([self.failure_key]):
+                peer, _, text = store.get(self.failure_key).decode().partition("|")
+                return PeerError(f"rank {self.rank}: collective abandoned: {text}", peer=int(peer), op=own.op)
+            return None
+
+        try:
+            while time.monotonic() < until:
+                found = notice()
+                if found is not None:
+                    return found
+                keys = [f"{self.failure_key}/alive/{r}" for r in range(self.size)]
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                if len(missing) <= 1:       # all others are here: the missing one is the culprit
+                    break
+                time.sleep(0.05)
+            found = notice()
+            if found is not None:
+                return found
+            keys = [f"{self.failure_key}/alive/{r}" for r in range(self.size)]
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception:
+            missing = [0] if self.rank != 0 else []
+        if not missing:
+            return own
+        error = PeerError(f"rank {self.rank}: collective abandoned: rank(s) {missing} did not check in after "
+                          f"the group failed", peer=missing[0], op=own.op)
+        try:
+            store.compare_set(self.failure_key, "", f"{missing[0]}|{error}")
+        except Exception:
+            pass
+        return error
 
 
 def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
     text = str(exc)
     if "Timed out" in text or "deadline" in text or "timeout" in text.lower():
-        why = "did not answer before the timeout"
+        why, kind = "did not answer before the timeout", "timeout"
     elif "closed by peer" in text or "Connection reset" in text or "Broken pipe" in text:
-        why = "closed its connection (the process probably died)"
+        why, kind = "closed its connection (the process probably died)", "closed"
     else:
-        why = f"failed: {text.splitlines()[0][:200] if text else type(exc).__name__}"
-    direction = "receive from" if p.kind == "recv" else "send to"
-    return PeerError(f"rank {rank}: {direction} rank {p.peer} {why}", peer=p.peer, op=p.kind)
+        why, kind = f"failed: {text.splitlines()[0][:200] if text else type(exc).__name__}", "error"
+    direction = "receive from" if p.kind == "recv" else "send to" if p.kind == "send" else "agree with"
+    error = PeerError(f"rank {rank}: {direction} rank {p.peer} {why}", peer=p.peer if p.peer >= 0 else None,
+                      op=p.kind)
+    error.op_detail = kind
+    return error

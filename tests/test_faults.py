@@ -1,0 +1,12 @@
+"""Short-form fault injection (the long form: benchmarks/fault_injection.py, results in docs)."""
+
+from gradsync.runtime.faults import campaign
+
+
+def test_killed_workers_are_named_by_every_survivor_in_bounded_time():
+    timeout = 3.0
+    summary = campaign(6, timeout=timeout, seed=7)["summary"]
+    assert summary["hangs"] == 0 and summary["wrong_results"] == 0, summary
+    assert summary["named_victim"] == summary["survivors"], summary
+    assert summary["detection_max_s"] <= timeout + 2, summary
+    assert not summary["other_errors"], summary
