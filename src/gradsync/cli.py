@@ -370,6 +370,20 @@ def calibrate(workers, out, repeats, fmt):
     _emit(fmt, fit, render)
 
 
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; name another to expose it).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+def serve(host, port):
+    """Serve the live view of every algorithm in the browser (no internet needed)."""
+    import uvicorn
+
+    from .web.app import create_app
+
+    click.echo(f"gradsync live view: http://{host}:{port}/  (Ctrl-C to stop)")
+    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
 @main.command("cerar")
 @click.option("--workers", "-n", type=click.IntRange(min=2), required=True, help="Workers on the ring (N).")
 @click.option("--components", "-c", type=click.IntRange(min=1), required=True, help="Components (c).")

@@ -89,14 +89,27 @@ def lowbw_cluster(servers: int = 2, gpus: int = 4, nic="1Gbit/s") -> Topology:
                     description=f"{servers} servers x {gpus} GPUs on PCIe, {nic} Ethernet between")
 
 
+def ring(workers: int = 8, link="18GB/s", latency="2us") -> Topology:
+    """``workers`` GPUs in a physical ring (NVLink-like links), and a host CPU on PCIe to each."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 2 <= workers <= 4096:
+        raise TopologyError(f"workers: expected an integer in 2..4096, got {workers!r}")
+    bw, lat = parse_bandwidth(link), parse_time(latency)
+    gpus = [Node(f"gpu{i}", "gpu") for i in range(workers)]
+    links = [Link(f"gpu{i}", f"gpu{(i + 1) % workers}", bw, lat) for i in range(workers if workers > 2 else 1)]
+    links += [Link(g.name, "cpu", PCIE, 1e-6) for g in gpus]
+    return Topology("ring", tuple(gpus + [Node("cpu", "cpu")]), tuple(links), tuple(g.name for g in gpus),
+                    host="cpu", description=f"{workers} GPUs in a ring ({link} links), host CPU on PCIe")
+
+
 PRESETS = {
+    "ring": ring,
     "pcie-switch-4": pcie_switch,
     "p3.16xlarge": p3_16xlarge,
     "dgx-2": dgx_2,
     "ethernet": ethernet,
     "lowbw-cluster": lowbw_cluster,
 }
-PARAMETRIC = {"ethernet"}   # presets whose worker count is a parameter
+PARAMETRIC = {"ethernet", "ring"}   # presets whose worker count is a parameter
 
 
 def preset(name: str, workers: int | None = None, **params) -> Topology:

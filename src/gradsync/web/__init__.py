@@ -1,0 +1,1 @@
+"""The live browser view (gradsync serve)."""
