@@ -10,22 +10,13 @@ protocol's reduction work, like ring's adds, and are listed apart.
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 import torch
 
 from gradsync.coding import cerar
 
-
-def median(fn, repeats):
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return statistics.median(out)
+from common import median_time as median
 
 
 def main():

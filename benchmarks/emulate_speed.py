@@ -6,22 +6,13 @@ issue 2: >= 0.25).
 """
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
 import gradsync
 from gradsync.algorithms import EXACT
 
-
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from common import median_time
 
 
 def main():
