@@ -15,7 +15,7 @@ from .errors import GradsyncError
 from .simulate import simulate
 from .topology import PRESETS, resolve
 from .tune import table
-from .units import format_size, format_time, parse_size
+from .units import format_size, format_time, parse_bandwidth, parse_size
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -277,8 +277,11 @@ def _sizes(sizes, min_size, max_size):
               help="Seconds before a stalled collective raises PeerError.")
 @click.option("--topology", "-t", default=None,
               help="A topology (e.g. from 'gradsync calibrate') to print the simulator's prediction beside each row.")
+@click.option("--link-bandwidth", default=None,
+              help="Emulate slow links (e.g. 100Mbit): each worker in its own network namespace (root).")
 @format_option
-def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology, fmt):
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
+          link_bandwidth, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
@@ -299,9 +302,19 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             return
         where = f"{workers} ranks started by torchrun, Gloo"
     else:
-        rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600)[0]
-        where = f"{workers} local workers, Gloo over 127.0.0.1"
+        with _links(workers, link_bandwidth) as network:
+            rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600, network=network)[0]
+        where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
+                 else f"{workers} local workers, Gloo over 127.0.0.1")
+        if link_bandwidth:
+            limit = parse_bandwidth(link_bandwidth)
+            for r in rows:
+                r["link_limit_GBps"] = limit / 1e9
+                r["busbw_of_limit"] = r["busbw_GBps"] * 1e9 / limit
     topo = _topology(topology, workers) if topology else None
+    if topo is None and link_bandwidth and "RANK" not in os.environ:    # the emulated switch, as a topology
+        from .topology import preset
+        topo = preset("ethernet", workers=workers, nic=link_bandwidth, latency="50us")
     if topo is not None:
         for r in rows:
             name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
@@ -326,6 +339,20 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         _print_table(headers, table)
 
     _emit(fmt, rows, render)
+
+
+def _links(workers, bandwidth, latency=None):
+    """Slow-link namespaces when asked for, else a context that changes nothing."""
+    import contextlib
+
+    if bandwidth is None and latency is None:
+        return contextlib.nullcontext(None)
+    from .runtime.links import SlowLinks
+
+    if bandwidth is None:
+        raise click.BadParameter("--link-latency needs --link-bandwidth too", param_hint="'--link-latency'")
+    parse_bandwidth(bandwidth)
+    return SlowLinks(workers, bandwidth, latency)
 
 
 def _bench_under_torchrun(bench_mod, args):
@@ -382,6 +409,72 @@ def serve(host, port):
 
     click.echo(f"gradsync live view: http://{host}:{port}/  (Ctrl-C to stop)")
     uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+
+
+@main.command()
+@click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--algorithm", "-a", default="ring", show_default=True,
+              help="ring, tree, sharded, central, host, halving_doubling, cerar or auto.")
+@click.option("--components", "-c", type=click.IntRange(min=1), default=None, help="CERAR components (default 2N).")
+@click.option("--eps", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None, help="CERAR eps.")
+@click.option("--epochs", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 100000), default=64, show_default=True,
+              help="Global batch, split across the workers.")
+@click.option("--model", type=click.Choice(["mlp", "cnn"]), default="mlp", show_default=True)
+@click.option("--bucket-mb", type=click.FloatRange(0, 1024, min_open=True), default=25.0, show_default=True)
+@click.option("--lr", type=click.FloatRange(0, 10, min_open=True), default=0.05, show_default=True)
+@click.option("--resync-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Broadcast rank 0's parameters every K steps (a remedy for CERAR's replica drift).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--link-bandwidth", default=None, help="Emulate slow links (e.g. 100Mbit); needs root.")
+@click.option("--link-latency", default=None, help="Emulated link latency (needs tc netem in the kernel).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw accuracy and time per epoch (against an exact ring run) to this PNG.")
+@format_option
+def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
+          link_bandwidth, link_latency, plot, fmt):
+    """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
+    from .training.train import TrainConfig, plot as draw, train as run_training
+
+    if batch_size < workers:
+        raise click.BadParameter(f"must be at least the number of workers ({workers})", param_hint="'--batch-size'")
+    if plot and not plot.endswith(".png"):
+        raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
+    cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
+    cfg.check(workers)
+    progress = fmt == "table" and sys.stderr.isatty()
+    with _links(workers, link_bandwidth, link_latency) as network:
+        result = run_training(workers, cfg, progress, network)
+        runs = {algorithm: result}
+        if plot and algorithm != "ring":
+            import dataclasses
+            runs["ring (exact)"] = run_training(workers, dataclasses.replace(cfg, algorithm="ring", components=None,
+                                                                             eps=None, resync_every=0), progress,
+                                                network)
+    if plot:
+        draw(runs, plot)
+    result["link_bandwidth"] = link_bandwidth
+
+    def render(r):
+        click.echo(f"gradsync train: {workers} workers, {algorithm}, {model} on digits, global batch {batch_size}"
+                   + (f", links {link_bandwidth}" if link_bandwidth else ""))
+        headers = ["epoch", "loss", "test acc.", "compute", "sync", "resync", "sent/worker"]
+        approx = algorithm == "cerar"
+        if approx:
+            headers += ["grad error", "replica diff"]
+        rows = []
+        for h in r["history"]:
+            row = [h["epoch"], f"{h['loss']:.4f}", f"{h['test_accuracy']:.3f}", format_time(h["compute_s"]),
+                   format_time(h["sync_s"]), format_time(h["resync_s"]) if h["resync_s"] else "-",
+                   format_size(h["bytes_per_worker"])]
+            if approx:
+                row += [f"{h['grad_rel_error']:.2g}", f"{h['replica_max_diff']:.2g}"]
+            rows.append(row)
+        _print_table(headers, rows)
+        if plot:
+            click.echo(f"plot written to {plot}")
+
+    _emit(fmt, result, render)
 
 
 @main.command("cerar")

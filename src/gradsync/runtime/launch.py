@@ -28,8 +28,12 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, workers, port, host, fn, args, results, timeout):
-    if host == LOOPBACK:
+def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
+    if network is not None:                                  # a worker behind an emulated slow link
+        from .links import enter
+        enter(network.namespaces[rank])
+        os.environ["GLOO_SOCKET_IFNAME"] = network.interface
+    elif host == LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -62,11 +66,13 @@ def _check_out(rank: int, workers: int, grace: float = 3.0) -> None:
         pass
 
 
-def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False) -> list:
+def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False,
+        network=None) -> list:
     """Run ``fn(rank, workers, *args)`` in ``workers`` new processes; return their results by rank.
 
     ``fn`` must be importable (defined at module level). A worker that raises or dies makes
     this raise ``GradsyncError`` naming it, unless ``tolerate``: then its slot holds the error.
+    ``network``: a ``links.SlowLinks`` whose namespaces the workers join (slow-link emulation).
 
     Example::
 
@@ -79,11 +85,16 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         raise ConfigError(f"workers must be an integer in 1..256, got {workers!r}")
+    if network is not None and network.workers != workers:
+        raise ConfigError(f"the slow-link network has {network.workers} namespaces, not {workers}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port(host)
-    procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout), daemon=True)
-             for r in range(workers)]
+    if network is not None:
+        host, port = network.addresses[0], network.port      # rank 0's address, in fresh namespaces
+    else:
+        port = free_port(host)
+    procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network),
+                         daemon=True) for r in range(workers)]
     for p in procs:
         p.start()
     out, errors, done = [None] * workers, {}, set()

@@ -1,0 +1,137 @@
+"""Slow links between local workers: Linux network namespaces, veth pairs and tc.
+
+Each worker gets its own network namespace with one interface (eth0), joined by a veth pair
+to a bridge in a switch namespace. Both ends of every pair are shaped with a token bucket
+(tc tbf), so each link is full duplex at the given rate. Everything is created and removed
+by gradsync (root needed); names carry the creating process's id, and namespaces left by a
+process that no longer exists are removed at the next start. Only addresses inside these
+namespaces are used (10.213.0.0/24).
+
+Example (as root)::
+
+    with SlowLinks(4, "100Mbit") as net:
+        run(body, 4, network=net)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..units import parse_bandwidth
+
+SUBNET = "10.213.0"
+CLONE_NEWNET = 0x40000000
+PORT = 29500
+
+
+def _ip(*args, ns: str | None = None, check=True):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise ConfigError(f"slow-link setup failed: {' '.join(cmd)}: {out.stderr.strip()}")
+    return out
+
+
+def _stale_namespaces():
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in listed:
+        if name.startswith("gs") and "-" in name:
+            pid = name[2:].split("-")[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                yield name
+
+
+def has_netem() -> bool:
+    """Whether this kernel can delay packets (netem); it is absent on some."""
+    probe = f"gsnetem{os.getpid()}"
+    _ip("ip", "netns", "add", probe, check=False)
+    try:
+        out = _ip("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns=probe, check=False)
+        return out.returncode == 0
+    finally:
+        _ip("ip", "netns", "del", probe, check=False)
+
+
+@dataclass
+class SlowLinks:
+    """Context manager giving ``workers`` namespaces on a shaped switch (see the module docstring)."""
+
+    workers: int
+    bandwidth: str
+    latency: str | None = None
+    namespaces: list[str] = field(default_factory=list)
+    addresses: list[str] = field(default_factory=list)
+    interface: str = "eth0"
+    port: int = PORT
+
+    def __post_init__(self):
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
+            raise ConfigError(f"workers must be in 1..250 for slow links, got {self.workers!r}")
+        self.rate = parse_bandwidth(self.bandwidth)
+
+    def __enter__(self) -> "SlowLinks":
+        if os.geteuid() != 0:
+            raise ConfigError("slow-link emulation needs root (it creates network namespaces and tc qdiscs)")
+        if self.latency is not None and not has_netem():
+            raise ConfigError(f"link latency {self.latency!r} needs tc netem, which this kernel does not have; "
+                              "only bandwidth can be emulated here")
+        for name in _stale_namespaces():
+            _ip("ip", "netns", "del", name, check=False)
+        self._previous = signal.signal(signal.SIGTERM, _raise_exit)
+        try:
+            self._create()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _create(self):
+        tag = f"gs{os.getpid()}"
+        switch = f"{tag}-sw"
+        self.namespaces = [f"{tag}-w{i}" for i in range(self.workers)]
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(self.workers)]
+        self._all = [switch] + self.namespaces
+        rate_bits = int(self.rate * 8)
+        burst = max(32 * 1024, int(self.rate / 100))          # at least one timer tick's worth
+        _ip("ip", "netns", "add", switch)
+        _ip("ip", "link", "add", "br0", "type", "bridge", ns=switch)
+        _ip("ip", "link", "set", "br0", "up", ns=switch)
+        for i, ns in enumerate(self.namespaces):
+            a, b = f"{tag}v{i}a", f"{tag}v{i}b"
+            _ip("ip", "netns", "add", ns)
+            _ip("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+            _ip("ip", "link", "set", a, "netns", ns)
+            _ip("ip", "link", "set", b, "netns", switch)
+            _ip("ip", "link", "set", a, "name", self.interface, ns=ns)
+            _ip("ip", "addr", "add", f"{self.addresses[i]}/24", "dev", self.interface, ns=ns)
+            _ip("ip", "link", "set", self.interface, "up", ns=ns)
+            _ip("ip", "link", "set", "lo", "up", ns=ns)
+            _ip("ip", "link", "set", b, "master", "br0", ns=switch)
+            _ip("ip", "link", "set", b, "up", ns=switch)
+            for dev, where in ((self.interface, ns), (b, switch)):   # both directions
+                _ip("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_bits}bit",
+                    "burst", str(burst), "latency", "100ms", ns=where)
+
+    def __exit__(self, *exc):
+        for ns in getattr(self, "_all", []):
+            _ip("ip", "netns", "del", ns, check=False)
+        if hasattr(self, "_previous"):
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def _raise_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def enter(namespace: str) -> None:
+    """Move the calling process (before it starts threads that use the network) into ``namespace``."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    with open(f"/var/run/netns/{namespace}") as fh:
+        if libc.setns(fh.fileno(), CLONE_NEWNET) != 0:
+            raise ConfigError(f"cannot enter network namespace {namespace}: errno {ctypes.get_errno()}")

@@ -1,0 +1,1 @@
+"""Data-parallel training on local workers with any gradsync algorithm (``gradsync train``)."""

@@ -1,0 +1,217 @@
+"""Data-parallel training over local worker processes, synchronizing with any gradsync algorithm.
+
+Every worker holds a replica of the model and takes its share of each global batch (the
+same order everywhere); DistributedDataParallel calls gradsync's comm hook for each gradient
+bucket. The hook measures what synchronization costs: its time, the bytes this worker sends
+(counted from the schedule), and for approximate algorithms the relative error of the
+gradient against the exact average, computed outside the timed part.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from .. import algorithms
+from ..errors import ConfigError
+from ..runtime import api
+from ..runtime.launch import run
+from . import data, models
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run; every field has the CLI flag of the same name."""
+
+    algorithm: str = "ring"
+    components: int | None = None     # CERAR c (default 2N)
+    eps: float | None = None          # CERAR eps (default: the best for float32)
+    epochs: int = 10
+    batch_size: int = 64              # global batch, split across workers
+    model: str = "mlp"
+    bucket_mb: float = 25.0           # DDP bucket size: gradients fused before synchronizing
+    lr: float = 0.05
+    resync_every: int = 0             # broadcast rank 0's parameters every K steps (0: never)
+    seed: int = 0
+    timeout: float = 60.0
+
+    def check(self, workers: int) -> "TrainConfig":
+        if self.algorithm != "auto":
+            algorithms.get(self.algorithm)
+        if self.model not in models.MODELS:
+            raise ConfigError(f"unknown model {self.model!r}: expected one of {', '.join(models.MODELS)}")
+        for name, value, low in (("epochs", self.epochs, 1), ("batch_size", self.batch_size, workers),
+                                 ("resync_every", self.resync_every, 0)):
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not 0 < self.bucket_mb <= 1024 or not 0 < self.lr < 10:
+            raise ConfigError(f"bucket_mb must be in (0, 1024] and lr in (0, 10), got {self.bucket_mb}, {self.lr}")
+        return self
+
+    def options(self) -> dict:
+        if self.algorithm != "cerar":
+            return {}
+        return {k: v for k, v in (("components", self.components), ("eps", self.eps)) if v is not None}
+
+
+class SyncMeter:
+    """The DDP comm hook, and what it measured since the last ``reset``."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, workers: int):
+        self.cfg, self.rank, self.workers = cfg, rank, workers
+        self.approximate = cfg.algorithm == "cerar"
+        self.reset()
+
+    def reset(self):
+        self.sync_s = self.resync_s = self.measure_s = 0.0
+        self.bytes = self.resync_bytes = 0
+        self.err_sq = self.exact_sq = 0.0
+
+    def hook(self, state, bucket):
+        tensor = bucket.buffer()
+        exact = None
+        if self.approximate:                      # the reference, timed apart and left out
+            t0 = time.perf_counter()
+            exact = tensor.clone()
+            dist.all_reduce(exact)
+            exact /= self.workers
+            self.measure_s += time.perf_counter() - t0
+        algorithm, options = self.cfg.algorithm, self.cfg.options()
+        if algorithm == "auto":
+            algorithm, options = api._pick(tensor, self.workers)
+        start = time.perf_counter()
+        api.all_reduce(tensor, algorithm=algorithm, op="avg", timeout=self.cfg.timeout, **options)
+        self.sync_s += time.perf_counter() - start
+        schedule = api._schedule(algorithm, self.workers, tensor.numel(), "float32", api._frozen(options))
+        self.bytes += int(schedule.elements_sent()[self.rank]) * tensor.element_size()
+        if exact is not None:
+            self.err_sq += float((tensor - exact).pow(2).sum())
+            self.exact_sq += float(exact.pow(2).sum())
+        future = torch.futures.Future()
+        future.set_result(tensor)
+        return future
+
+
+def _replica_spread(model) -> float:
+    """Largest absolute difference between any parameter and rank 0's copy of it."""
+    flat = parameters_to_vector(model.parameters()).detach()
+    reference = flat.clone()
+    dist.broadcast(reference, 0)
+    spread = torch.tensor([float((flat - reference).abs().max())])
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    return spread.item()
+
+
+def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) -> list[dict] | None:
+    """One worker's training; rank 0 returns one row of metrics per epoch."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    split = data.digits(cfg.seed)
+    model = models.build(cfg.model, cfg.seed)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_mb)
+    meter = SyncMeter(cfg, rank, workers)
+    ddp.register_comm_hook(None, meter.hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=0.9)
+    history, step = [], 0
+    bar = _progress(cfg.epochs) if progress and rank == 0 else None
+    for epoch in range(cfg.epochs):
+        meter.reset()
+        losses, start = [], time.perf_counter()
+        for batch in data.batches(len(split.y_train), cfg.batch_size, epoch, cfg.seed):
+            idx = data.shard(batch, rank, workers)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(split.x_train[idx]), split.y_train[idx])
+            loss.backward()                                       # the hook synchronizes here
+            optimizer.step()
+            losses.append(loss.item())
+            step += 1
+            if cfg.resync_every and step % cfg.resync_every == 0:
+                t0 = time.perf_counter()
+                flat = parameters_to_vector(model.parameters()).detach()
+                dist.broadcast(flat, 0)
+                vector_to_parameters(flat, model.parameters())
+                meter.resync_s += time.perf_counter() - t0
+                meter.resync_bytes += flat.numel() * flat.element_size()
+        elapsed = time.perf_counter() - start
+        with torch.no_grad():
+            accuracy = (model(split.x_test).argmax(1) == split.y_test).float().mean().item()
+        loss_mean = torch.tensor([sum(losses) / len(losses)])
+        dist.all_reduce(loss_mean)
+        row = {"epoch": epoch + 1, "loss": loss_mean.item() / workers, "test_accuracy": accuracy,
+               "time_s": elapsed, "sync_s": meter.sync_s, "resync_s": meter.resync_s,
+               "compute_s": elapsed - meter.sync_s - meter.resync_s - meter.measure_s,
+               "measurement_s": meter.measure_s,
+               "bytes_per_worker": meter.bytes + meter.resync_bytes, "resync_bytes": meter.resync_bytes,
+               "grad_rel_error": (meter.err_sq / meter.exact_sq) ** 0.5 if meter.exact_sq else 0.0,
+               "replica_max_diff": _replica_spread(model)}
+        history.append(row)
+        if bar:
+            bar(row)
+    if bar:
+        bar(None)
+    return history if rank == 0 else None
+
+
+def _progress(epochs: int):
+    import sys
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    progress = Progress(transient=True, console=Console(file=sys.stderr))
+    task = progress.add_task("training", total=epochs)
+    progress.start()
+
+    def step(row):
+        if row is None:
+            progress.stop()
+        else:
+            progress.update(task, advance=1, description=f"epoch {row['epoch']}: loss {row['loss']:.3f}, "
+                                                         f"accuracy {row['test_accuracy']:.3f}")
+    return step
+
+
+def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None) -> dict:
+    """Train on ``workers`` local processes; return the configuration and per-epoch history."""
+    cfg.check(workers)
+    history = run(worker, workers, cfg, progress, timeout=cfg.timeout * 10 + 600, network=network)[0]
+    return {"workers": workers, "config": asdict(cfg), "history": history}
+
+
+def plot(runs: dict, path: str) -> None:
+    """Test accuracy and cumulative time per epoch, one line per run (e.g. CERAR and exact ring)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc, clock) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, result in runs.items():
+        epochs = [r["epoch"] for r in result["history"]]
+        acc.plot(epochs, [r["test_accuracy"] for r in result["history"]], marker="o", label=label)
+        total, sync = 0.0, 0.0
+        totals, syncs = [], []
+        for r in result["history"]:
+            total += r["time_s"] - r.get("measurement_s", 0.0)
+            sync += r["sync_s"] + r["resync_s"]
+            totals.append(total)
+            syncs.append(sync)
+        line, = clock.plot(epochs, totals, marker="o", label=f"{label}: total")
+        clock.plot(epochs, syncs, linestyle="--", color=line.get_color(), label=f"{label}: synchronization")
+    for ax in (acc, clock):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    acc.set_xlabel("epoch")
+    acc.set_ylabel("test accuracy")
+    acc.legend()
+    clock.set_xlabel("epoch")
+    clock.set_ylabel("cumulative seconds")
+    clock.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,60 @@
+"""Slow-link emulation with network namespaces and tc (root only; skipped otherwise)."""
+
+import os
+import subprocess
+
+import pytest
+
+import runtime_bodies as bodies
+from gradsync import ConfigError
+from gradsync.runtime import links
+from gradsync.runtime.launch import run
+
+root_only = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/sbin/ip"),
+                               reason="needs root and iproute2")
+
+
+def namespaces():
+    return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+
+def test_without_root_the_error_is_clear(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="needs root"):
+        with links.SlowLinks(2, "100Mbit"):
+            pass
+
+
+@root_only
+def test_namespaces_are_created_and_removed_even_after_an_error():
+    before = namespaces()
+    with pytest.raises(RuntimeError):
+        with links.SlowLinks(3, "1Gbit") as net:
+            assert {n for n in namespaces() - before} >= set(net.namespaces)
+            raise RuntimeError("boom")
+    assert namespaces() == before
+
+
+@root_only
+def test_leftovers_of_a_dead_process_are_removed():
+    subprocess.run(["ip", "netns", "add", "gs999999-w0"], check=True)
+    with links.SlowLinks(2, "1Gbit"):
+        assert "gs999999-w0" not in namespaces()
+    assert "gs999999-w0" not in namespaces()
+
+
+@root_only
+def test_latency_without_netem_is_a_clear_error():
+    if links.has_netem():
+        pytest.skip("this kernel has netem")
+    with pytest.raises(ConfigError, match="netem"):
+        with links.SlowLinks(2, "100Mbit", latency="5ms"):
+            pass
+
+
+@root_only
+def test_shaped_links_carry_close_to_their_limit():
+    with links.SlowLinks(2, "100Mbit") as net:
+        seconds = run(bodies.timed_ring, 2, 1 << 20, network=net)[0]
+    busbw = 4 * (1 << 20) / seconds * 2 * 1 / 2          # bytes/s, N = 2
+    assert 0.75 * 12.5e6 <= busbw <= 1.05 * 12.5e6, busbw
