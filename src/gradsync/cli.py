@@ -286,8 +286,6 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
-    if backend == "mpi":
-        raise click.BadParameter("the MPI backend is not available yet: use --backend torch", param_hint="'--backend'")
     chosen = [a.strip() for a in names.split(",") if a.strip()]
     for a in chosen:
         algorithms.get(a)
@@ -296,7 +294,9 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     options = {"cerar": {"components": components}} if components else {}
     byte_sizes = _sizes(sizes, min_size, max_size)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
+    if backend == "mpi":
+        rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
         rows, workers = _bench_under_torchrun(bench_mod, args)
         if rows is None:
             return
@@ -353,6 +353,29 @@ def _links(workers, bandwidth, latency=None):
         raise click.BadParameter("--link-latency needs --link-bandwidth too", param_hint="'--link-latency'")
     parse_bandwidth(bandwidth)
     return SlowLinks(workers, bandwidth, latency)
+
+
+def _bench_mpi(workers, args, timeout, link_bandwidth):
+    """Run the benchmark under mpirun (Open MPI), which starts its own local processes."""
+    import shutil
+    import subprocess
+
+    if link_bandwidth:
+        raise click.BadParameter("slow links are emulated for the torch backend only", param_hint="'--backend'")
+    if shutil.which("mpirun") is None:
+        raise click.BadParameter("mpirun not found: install Open MPI (Debian: openmpi-bin) and mpi4py",
+                                 param_hint="'--backend'")
+    sizes, names, iters, dtype, _, options, _ = args
+    payload = json.dumps({"sizes": sizes, "names": names, "iters": iters, "dtype": dtype, "timeout": timeout,
+                          "options": options})
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+           sys.executable, "-m", "gradsync.runtime.bench", payload]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout * 4 + 600)
+    if out.returncode != 0:
+        raise click.ClickException(f"mpirun failed ({out.returncode}): "
+                                   f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _bench_under_torchrun(bench_mod, args):

@@ -35,9 +35,52 @@ def _inputs(rank: int, workers: int, elements: int, dtype: torch.dtype):
     return mine, reference
 
 
-def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, options, progress) -> list[dict]:
+class TorchEngine:
+    """The torch.distributed engine: Gloo's own all-reduce is the native row."""
+
+    def barrier(self):
+        dist.barrier()
+
+    def max(self, values: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        return values
+
+    def native(self, buf):
+        return lambda: dist.all_reduce(buf)
+
+    def ours(self, name, buf, timeout, opts):
+        return lambda: all_reduce(buf, algorithm=name, timeout=timeout, **opts)
+
+
+class MpiEngine:
+    """The MPI engine: MPI's own Allreduce is the native row."""
+
+    def __init__(self):
+        from mpi4py import MPI
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max(self, values):
+        out = values.clone()
+        self.comm.Allreduce(values.numpy(), out.numpy(), op=self.MPI.MAX)
+        return out
+
+    def native(self, buf):
+        array = buf.numpy()
+        return lambda: self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+
+    def ours(self, name, buf, timeout, opts):
+        from .mpi import all_reduce as mpi_all_reduce
+        return lambda: mpi_all_reduce(buf, algorithm=name, comm=self.comm, timeout=timeout, **opts)
+
+
+def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, options, progress,
+           engine=None) -> list[dict]:
     """One rank's part of the benchmark; rank 0 returns the rows."""
     torch.set_num_threads(1)
+    engine = engine or TorchEngine()
     dtype = DTYPES[dtype_name]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows, total = [], len(sizes) * (len(names) + 1)
@@ -48,21 +91,21 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
         names_here = [NATIVE] + list(names)
         bufs = {name: mine.clone() for name in names_here}
         times = {name: [] for name in names_here}
-        calls = {name: _call(name, bufs[name], timeout, options.get(name, {})) for name in names_here}
+        calls = {name: engine.native(bufs[name]) if name == NATIVE else
+                 engine.ours(name, bufs[name], timeout, options.get(name, {})) for name in names_here}
         # Interleaved: every iteration runs each algorithm once, so that the machine's slow and
         # fast moments (2 shared cores) fall on all of them alike. The first round warms up.
         for i in range(1 + (iters or default_iters(nbytes))):
             for name in names_here:
                 bufs[name].copy_(mine)
-                dist.barrier()
+                engine.barrier()
                 start = time.perf_counter()
                 calls[name]()
                 times[name].append(time.perf_counter() - start)
         scale = reference.abs().max().item() or 1.0
         for name in names_here:
             error = (bufs[name].double() - reference).abs().max().item() / scale if elements else 0.0
-            stats = torch.tensor([statistics.median(times[name][1:]), error], dtype=torch.float64)
-            dist.all_reduce(stats, op=dist.ReduceOp.MAX)               # the slowest rank, the worst error
+            stats = engine.max(torch.tensor([statistics.median(times[name][1:]), error], dtype=torch.float64))
             t = stats[0].item()
             algbw = nbytes / t if t > 0 else 0.0
             rows.append({"algorithm": name, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
@@ -74,12 +117,6 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     if bar:
         bar(None)
     return rows if rank == 0 else None
-
-
-def _call(name, buf, timeout, opts):
-    if name == NATIVE:
-        return lambda: dist.all_reduce(buf)
-    return lambda: all_reduce(buf, algorithm=name, timeout=timeout, **opts)
 
 
 def _progress(total: int):
@@ -96,3 +133,20 @@ def _progress(total: int):
         else:
             progress.update(task, advance=1, description=label)
     return step
+
+
+def mpi_main(argv=None) -> None:
+    """Entry point under mpirun: ``mpirun -np N python -m gradsync.runtime.bench '<json args>'``;
+    rank 0 prints the rows as JSON on stdout."""
+    import json
+
+    args = json.loads((argv or sys.argv)[1])
+    engine = MpiEngine()
+    rows = worker(engine.comm.Get_rank(), engine.comm.Get_size(), args["sizes"], args["names"], args["iters"],
+                  args["dtype"], args["timeout"], args["options"], False, engine=engine)
+    if rows is not None:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    mpi_main()
