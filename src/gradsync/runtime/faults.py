@@ -69,6 +69,7 @@ class Trial:
     hangs: int
     wrong: int
     errors: list
+    messages: list           # each survivor's PeerError, for diagnosing misnamed failures
 
 
 def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout: float, seed: int) -> Trial:
@@ -77,7 +78,7 @@ def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout:
         results = run(worker, workers, victim, kill_after, algorithm, timeout, seed, record,
                       timeout=timeout + kill_after + 30, tolerate=True)
         killed_at = float(Path(record).read_text()) if Path(record).exists() else None
-    detection, named, hangs, wrong, errors = [], 0, 0, 0, []
+    detection, named, hangs, wrong, errors, messages = [], 0, 0, 0, [], []
     for rank, r in enumerate(results):
         if rank == victim:
             continue
@@ -88,11 +89,12 @@ def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout:
         wrong += r["wrong"]
         if r["status"] == "peer_error":
             named += r["peer"] == victim
+            messages.append(r["message"])
             if killed_at is not None:
                 detection.append(r["at"] - killed_at)
         else:
             errors.append(f"rank {rank} finished without seeing the failure")
-    return Trial(workers, victim, algorithm, detection, named, workers - 1, hangs, wrong, errors)
+    return Trial(workers, victim, algorithm, detection, named, workers - 1, hangs, wrong, errors, messages)
 
 
 def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=EXACT, workers=(3, 4, 5, 6)) -> dict:

@@ -52,7 +52,9 @@ def _with_links(topo: Topology, bandwidth, latency) -> Topology:
                     topo.description)
 
 
+@lru_cache(maxsize=128)
 def topology_for(name: str, workers: int, bandwidth=None, latency=None) -> Topology:
+    """The view's topology (cached: its routes are kept across requests)."""
     topo = preset(name, workers) if name in ("ring", "ethernet") else preset(name)
     if name not in ("ring", "ethernet"):
         topo = topo.with_workers(min(workers, len(topo.workers)))
@@ -164,3 +166,9 @@ def comparison(size: int, algorithms_: tuple = ("central", "host", "sharded", "r
     marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in SEED_FIGURES.items()] if size == 160_000_000 else []
     return {"workers": list(workers), "bytes": size, "curves": curves, "seed_marks": marks,
             "topology": "pcie-switch-N: N GPUs and the CPU on 16 GB/s links to one switch"}
+
+
+def warm_up() -> None:
+    """Simulate the default view at common sizes, so first requests find routes cached."""
+    for workers in (8, 16, 32, 64):
+        simulation("ring", "ring", workers, 160_000_000)

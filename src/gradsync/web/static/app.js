@@ -44,10 +44,15 @@ async function refresh() {
   try {
     const r = await fetch("/api/simulate", { method: "POST", headers: { "content-type": "application/json" },
                                             body: JSON.stringify(params()), signal: controller.signal });
+    const fetched = performance.now();
     const body = await r.json();
+    stats.fetchMs = fetched - pendingSince;
+    stats.parseMs = performance.now() - fetched;
     if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); return; }
     $("status").textContent = "";
+    const loading = performance.now();
     load(body);
+    stats.loadMs = performance.now() - loading;
   } catch (e) {
     if (e.name !== "AbortError") $("status").textContent = String(e);
   }
@@ -268,7 +273,6 @@ async function init() {
   $("algorithm").value = "ring";
   for (const id of ["algorithm", "topology", "workers", "size", "bandwidth", "latency", "components", "eps"])
     $(id).addEventListener("change", () => { if (id === "size") drawChart(); refresh(); });
-  $("workers").addEventListener("input", refresh);
   $("play").onclick = () => { playing = !playing; $("play").textContent = playing ? "pause" : "play"; };
   $("restart").onclick = () => advanceTo(0);
   $("step").onclick = () => {                          // to the next start or completion, then pause
