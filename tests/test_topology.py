@@ -1,6 +1,7 @@
 """Topologies: presets as the seed describes them, files in three formats, clear errors."""
 
 import json
+import os
 
 import pytest
 import yaml
@@ -100,7 +101,8 @@ def test_syntax_errors_are_one_line():
         assert "\n" not in str(info.value)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("GRADSYNC_FUZZ_EXAMPLES", 300)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.sampled_from(
                         ["name", "nodes", "links", "workers", "host", "a", "b", "kind", "bandwidth",
