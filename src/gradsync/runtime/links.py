@@ -68,6 +68,7 @@ class SlowLinks:
     addresses: list[str] = field(default_factory=list)
     interface: str = "eth0"
     port: int = PORT
+    queue_ms: int = 100           # tbf's queue, in time at the link's rate
 
     def __post_init__(self):
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
@@ -115,7 +116,7 @@ class SlowLinks:
             _ip("ip", "link", "set", b, "up", ns=switch)
             for dev, where in ((self.interface, ns), (b, switch)):   # both directions
                 _ip("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_bits}bit",
-                    "burst", str(burst), "latency", "100ms", ns=where)
+                    "burst", str(burst), "latency", f"{self.queue_ms}ms", ns=where)
 
     def __exit__(self, *exc):
         for ns in getattr(self, "_all", []):
