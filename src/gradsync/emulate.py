@@ -39,10 +39,10 @@ def _reads_race_writes(t: np.ndarray) -> bool:
     """Does a transfer of this round read elements another transfer of it writes?"""
     if len(t) * len(t) > _HAZARD_CHECK_LIMIT:
         return True
-    r_end, w_end = t["offset"] + t["count"], t["offset"] + t["count"]
-    return bool(((t["src"][:, None] == t["dst"][None, :])
-                 & (t["offset"][:, None] < w_end[None, :])
-                 & (t["offset"][None, :] < r_end[:, None])).any())
+    end = t["offset"] + t["count"]
+    return bool(((t["src"][:, None] == t["dst"][None, :])      # read i and write j on one node,
+                 & (t["offset"][:, None] < end[None, :])        # overlapping
+                 & (t["offset"][None, :] < end[:, None])).any())
 
 
 def run_schedule(schedule: Schedule, buffers: np.ndarray) -> None:

@@ -37,11 +37,11 @@ class Candidate:
         return dict(self.options)
 
 
-def candidates(workers: int, dtype: str = "float32", max_error: float | None = None,
+def default_candidates(workers: int, dtype: str = "float32", max_error: float | None = None,
                exact=algorithms.EXACT) -> list[Candidate]:
     """The exact algorithms, plus CERAR designs whose predicted error is within ``max_error``.
 
-    >>> [c.label for c in candidates(4, max_error=1e-2)][-1]
+    >>> [c.label for c in default_candidates(4, max_error=1e-2)][-1]
     'cerar(components=8)'
     """
     out = [Candidate(a) for a in exact]
@@ -91,7 +91,7 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
     """
     workers = len(topology.workers) if workers is None else workers
     pool = [_as_candidate(c) for c in (candidates if candidates is not None
-                                       else globals()["candidates"](workers, dtype, max_error))]
+                                       else default_candidates(workers, dtype, max_error))]
     if not pool:
         raise ConfigError("no candidate algorithms to choose from")
     times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]
@@ -113,7 +113,7 @@ def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers
     """
     workers = len(topology.workers) if workers is None else workers
     pool = [_as_candidate(c) for c in (candidates if candidates is not None
-                                       else globals()["candidates"](workers, dtype, max_error))]
+                                       else default_candidates(workers, dtype, max_error))]
 
     def best(n):
         return choose(topology, int(n), itemsize, workers, pool, dtype=dtype).label
