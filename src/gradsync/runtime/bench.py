@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..progress import bar as progress_bar
 from .api import all_reduce
 
 NATIVE = "native"
@@ -84,7 +85,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     dtype = DTYPES[dtype_name]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows, total = [], len(sizes) * (len(names) + 1)
-    bar = _progress(total) if progress and rank == 0 else None
+    bar = progress_bar(total, "bench") if progress and rank == 0 else None
     for nbytes in sizes:
         elements = nbytes // itemsize
         mine, reference = _inputs(rank, workers, elements, dtype)
@@ -117,22 +118,6 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     if bar:
         bar(None)
     return rows if rank == 0 else None
-
-
-def _progress(total: int):
-    """A progress bar on stderr (rank 0 only)."""
-    from rich.progress import Progress
-
-    progress = Progress(transient=True, console=__import__("rich.console").console.Console(file=sys.stderr))
-    task = progress.add_task("bench", total=total)
-    progress.start()
-
-    def step(label):
-        if label is None:
-            progress.stop()
-        else:
-            progress.update(task, advance=1, description=label)
-    return step
 
 
 def mpi_main(argv=None) -> None:

@@ -20,6 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from .. import algorithms
 from ..errors import ConfigError
 from ..runtime import api
+from ..progress import bar as progress_bar
 from ..runtime.launch import run
 from . import data, models
 
@@ -119,7 +120,7 @@ def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) ->
     ddp.register_comm_hook(None, meter.hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=0.9)
     history, step = [], 0
-    bar = _progress(cfg.epochs) if progress and rank == 0 else None
+    bar = progress_bar(cfg.epochs, "training") if progress and rank == 0 else None
     for epoch in range(cfg.epochs):
         meter.reset()
         losses, start = [], time.perf_counter()
@@ -152,29 +153,10 @@ def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) ->
                "replica_max_diff": _replica_spread(model)}
         history.append(row)
         if bar:
-            bar(row)
+            bar(f"epoch {row['epoch']}: loss {row['loss']:.3f}, accuracy {row['test_accuracy']:.3f}")
     if bar:
         bar(None)
     return history if rank == 0 else None
-
-
-def _progress(epochs: int):
-    import sys
-
-    from rich.console import Console
-    from rich.progress import Progress
-
-    progress = Progress(transient=True, console=Console(file=sys.stderr))
-    task = progress.add_task("training", total=epochs)
-    progress.start()
-
-    def step(row):
-        if row is None:
-            progress.stop()
-        else:
-            progress.update(task, advance=1, description=f"epoch {row['epoch']}: loss {row['loss']:.3f}, "
-                                                         f"accuracy {row['test_accuracy']:.3f}")
-    return step
 
 
 def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None) -> dict:
