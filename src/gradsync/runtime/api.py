@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .. import algorithms
 from ..errors import ConfigError, MismatchError
 from .executor import execute
-from .transport import Pending, TorchTransport
+from .transport import TorchTransport
 
 OPS = ("sum", "avg")
 DEFAULT_TIMEOUT = float(os.environ.get("GRADSYNC_TIMEOUT", 60.0))
@@ -46,17 +46,18 @@ def _pick(tensor: torch.Tensor, workers: int) -> tuple[str, dict]:
     return picked.algorithm, picked.kwargs()
 
 
-def _agree(transport: TorchTransport, description: dict, deadline: float) -> None:
-    """All ranks check, before any data moves, that they run the same collective."""
+def _agree(transport, description: dict, deadline: float) -> None:
+    """All ranks check, before any data moves, that they run the same collective (over any
+    transport with ``gather``: fixed-size bytes, never pickled objects)."""
     text = json.dumps(description, sort_keys=True)
     digest = torch.frombuffer(bytearray(hashlib.blake2b(text.encode(), digest_size=_SIGNATURE_BYTES).digest()),
                               dtype=torch.uint8)
-    digests = _all_gather(transport, digest, deadline)
+    digests = transport.gather(digest, deadline)
     if all(torch.equal(d, digests[0]) for d in digests):
         return
     raw = bytearray(text.encode()[:_DESCRIPTION_BYTES].ljust(_DESCRIPTION_BYTES, b" "))
     texts = [bytes(t.tolist()).decode(errors="replace").strip()
-             for t in _all_gather(transport, torch.frombuffer(raw, dtype=torch.uint8), deadline)]
+             for t in transport.gather(torch.frombuffer(raw, dtype=torch.uint8), deadline)]
     seen = [json.loads(t) if t.endswith("}") else {"description": t} for t in texts]
     diffs = []
     for key in sorted(set().union(*seen)):
@@ -68,13 +69,6 @@ def _agree(transport: TorchTransport, description: dict, deadline: float) -> Non
             diffs.append(f"{key}: " + "; ".join(f"rank(s) {ranks} have {v}" for v, ranks in groups.items()))
     raise MismatchError(f"rank {transport.rank}: ranks disagree on the collective, nothing was sent: "
                         + " | ".join(diffs))
-
-
-def _all_gather(transport: TorchTransport, tensor: torch.Tensor, deadline: float) -> list[torch.Tensor]:
-    out = [torch.empty_like(tensor) for _ in range(transport.size)]
-    work = dist.all_gather(out, tensor, group=transport.group, async_op=True)
-    transport.wait([Pending(work, -1, "gather", -1)], deadline)
-    return out
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
@@ -98,6 +92,22 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
         grad = torch.ones(1000)
         gradsync.all_reduce(grad, algorithm="halving_doubling", op="avg")
     """
+    timeout = check_call(tensor, op, timeout)
+    if not dist.is_initialized():
+        raise ConfigError("torch.distributed is not initialized: call dist.init_process_group first "
+                          "(or use gradsync.runtime.launch)")
+    if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
+        raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
+    deadline = time.monotonic() + timeout
+    transport = TorchTransport(group, stall_warning)
+    try:
+        return run_all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options)
+    finally:
+        transport.close()
+
+
+def check_call(tensor, op: str, timeout) -> float:
+    """Validate what every engine's all_reduce takes; return the timeout in seconds."""
     if not isinstance(tensor, torch.Tensor):
         raise ConfigError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in _SUPPORTED:
@@ -109,20 +119,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < 1e7:
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialized: call dist.init_process_group first "
-                          "(or use gradsync.runtime.launch)")
-    if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
-        raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
-    deadline = time.monotonic() + timeout
-    transport = TorchTransport(group, stall_warning)
-    try:
-        return _all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options)
-    finally:
-        transport.close()
+    return float(timeout)
 
 
-def _all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options):
+def run_all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options):
+    """The engine-independent part: agree, look the schedule up, execute, average, copy back."""
     workers = transport.size
     if algorithm == "auto":
         algorithm, picked = _pick(tensor, workers)

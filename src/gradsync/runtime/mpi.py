@@ -11,15 +11,12 @@ Run a script with it: ``mpirun -np 4 python train.py`` where the script calls
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 
 import torch
 
-from ..errors import ConfigError, MismatchError, PeerError
-from .api import _frozen, _schedule
-from .executor import execute
+from ..errors import ConfigError, PeerError
+from .api import check_call, run_all_reduce
 
 
 def _comm(comm):
@@ -59,49 +56,24 @@ class MpiTransport:
                 if spins > 100:              # after a short spin, stop burning the core
                     time.sleep(20e-6)
 
-
-def _agree(transport: MpiTransport, description: dict) -> None:
-    import numpy as np
-
-    text = json.dumps(description, sort_keys=True)
-    mine = np.frombuffer(hashlib.blake2b(text.encode(), digest_size=16).digest(), dtype=np.uint8)
-    every = np.empty((transport.size, 16), np.uint8)
-    transport.comm.Allgather([mine, transport.MPI.BYTE], [every, transport.MPI.BYTE])
-    if (every == every[0]).all():
-        return
-    raw = np.frombuffer(text.encode()[:512].ljust(512, b" "), dtype=np.uint8)
-    texts = np.empty((transport.size, 512), np.uint8)
-    transport.comm.Allgather([raw, transport.MPI.BYTE], [texts, transport.MPI.BYTE])
-    seen = {r: bytes(t).decode(errors="replace").strip() for r, t in enumerate(texts)}
-    raise MismatchError(f"rank {transport.rank}: ranks disagree on the collective, nothing was sent: "
-                        + "; ".join(f"rank {r}: {t}" for r, t in seen.items()))
+    def gather(self, data: torch.Tensor, deadline: float) -> list[torch.Tensor]:
+        """Every rank's ``data`` (same-size bytes), by rank: an Allgather, without pickling."""
+        every = torch.empty((self.size, data.numel()), dtype=data.dtype)
+        self.comm.Allgather(self._buffer(data), self._buffer(every))
+        return list(every)
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", comm=None,
-               timeout: float = 60.0, check: bool = True, **options) -> torch.Tensor:
-    """``gradsync.all_reduce`` over MPI: in place, any exact algorithm or CERAR (CPU tensors).
+               timeout: float = 60.0, check: bool = True, check_finite: bool = False, **options) -> torch.Tensor:
+    """``gradsync.all_reduce`` over MPI: in place, any algorithm or "auto" (CPU tensors).
 
     Example, under ``mpirun -np 4 python script.py``::
 
         grad = torch.ones(1000)
         gradsync.runtime.mpi.all_reduce(grad, algorithm="ring")
     """
+    timeout = check_call(tensor, op, timeout)
     if tensor.device.type != "cpu":
         raise ConfigError("the MPI engine takes CPU tensors")
-    if op not in ("sum", "avg"):
-        raise ConfigError(f"op must be sum or avg, got {op!r}")
-    transport = MpiTransport(comm)
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if check:
-        _agree(transport, {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
-                           "options": json.loads(_frozen(options))})
-    if transport.size == 1:
-        return tensor
-    schedule = _schedule(algorithm, transport.size, tensor.numel(), dtype, _frozen(options))
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    result = execute(schedule, flat, transport, time.monotonic() + timeout)
-    if op == "avg":
-        result.div_(transport.size)
-    if result.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(result.view(tensor.shape))
-    return tensor
+    return run_all_reduce(tensor, algorithm, op, MpiTransport(comm), time.monotonic() + timeout, check,
+                          check_finite, options)
