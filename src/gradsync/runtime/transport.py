@@ -126,8 +126,9 @@ class TorchTransport:
                 store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
             deadline = time.monotonic() + (1.0 if timed_out else 0.0)
             while True:             # a neighbour may be writing its notice right now
-                if store.check([self.failure_key]):
-                    peer, _, text = store.get(self.failure_key).decode().partition("|")
+                posted = self._notice(store)
+                if posted is not None:
+                    peer, text = posted
                     break
                 if time.monotonic() >= deadline:
                     store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
@@ -138,10 +139,21 @@ class TorchTransport:
                 return PeerError(f"rank {self.rank}: rank 0 is unreachable (it hosts the rendezvous store) "
                                  f"while waiting for rank {p.peer}", peer=0, op=p.kind)
             return own
-        if int(peer) == own.peer and not timed_out:
+        if peer == own.peer and not timed_out:
             return own
         return PeerError(f"rank {self.rank}: collective abandoned: {text} (this rank was waiting for rank "
-                         f"{p.peer})", peer=int(peer), op=p.kind)
+                         f"{p.peer})", peer=peer, op=p.kind)
+
+    def _notice(self, store) -> tuple[int, str] | None:
+        """The failure posted for this group, as (rank, message), if any."""
+        if not store.check([self.failure_key]):
+            return None
+        peer, _, text = store.get(self.failure_key).decode().partition("|")
+        return int(peer), text
+
+    def _missing(self, store) -> list[int]:
+        """Ranks that have not checked in since the group failed."""
+        return [r for r in range(self.size) if not store.check([f"{self.failure_key}/alive/{r}"])]
 
 
     def _roll_call(self, store, own: PeerError, until: float) -> PeerError:
@@ -149,27 +161,17 @@ class TorchTransport:
         in when it meets the failure, at the latest by its own deadline; so unless a rank that
         saw the failure names it first, who has not checked in by ``until`` (this rank's
         deadline plus a margin) is named."""
-        def notice():
-            if store.check([self.failure_key]):
-                peer, _, text = store.get(self.failure_key).decode().partition("|")
-                return PeerError(f"rank {self.rank}: collective abandoned: {text}", peer=int(peer), op=own.op)
-            return None
-
         try:
-            while time.monotonic() < until:
-                found = notice()
-                if found is not None:
-                    return found
-                keys = [f"{self.failure_key}/alive/{r}" for r in range(self.size)]
-                missing = [r for r, k in enumerate(keys) if not store.check([k])]
-                if len(missing) <= 1:       # all others are here: the missing one is the culprit
+            while True:
+                posted = self._notice(store)
+                if posted is not None:
+                    return PeerError(f"rank {self.rank}: collective abandoned: {posted[1]}", peer=posted[0],
+                                     op=own.op)
+                missing = self._missing(store)
+                # all others are here (the missing one is the culprit), or time is up
+                if len(missing) <= 1 or time.monotonic() >= until:
                     break
                 time.sleep(0.05)
-            found = notice()
-            if found is not None:
-                return found
-            keys = [f"{self.failure_key}/alive/{r}" for r in range(self.size)]
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
         except Exception:
             missing = [0] if self.rank != 0 else []
         if not missing:
