@@ -208,17 +208,29 @@ def _check_write_conflicts(t: np.ndarray) -> None:
               "with a copy", b[np.argmax(clash)])
 
 
+def intervals(schedule: Schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The elementary intervals no transfer splits: their ``cuts`` (offsets, first 0, last
+    ``elements``), and for each transfer the index of its ``first`` interval and one past its
+    ``last``.
+
+    >>> from gradsync.algorithms import ring
+    >>> intervals(ring.schedule(2, 10))[0].tolist()
+    [0, 5, 10]
+    """
+    t = schedule.transfers
+    cuts = np.unique(np.concatenate([[0, schedule.elements], t["offset"], t["offset"] + t["count"]]))
+    return cuts, np.searchsorted(cuts, t["offset"]), np.searchsorted(cuts, t["offset"] + t["count"])
+
+
 def _symbolic_state(s: Schedule, ops=(REDUCE, COPY)):
     """Run the schedule on sets of worker inputs (bit-packed); return the cuts and what each
     node holds in each elementary interval. Raises ScheduleError on the first bad transfer."""
     t = s.transfers
-    cuts = np.unique(np.concatenate([[0, s.elements], t["offset"], t["offset"] + t["count"]]))
+    cuts, first, last = intervals(s)
     nwords = (s.workers + 7) // 8
     own = np.packbits(np.eye(s.workers, dtype=bool), axis=1)          # worker w holds bit w
     held = np.zeros((s.nodes, max(len(cuts) - 1, 0), nwords), np.uint8)
     held[:s.workers] = own[:, None, :]
-    first = np.searchsorted(cuts, t["offset"])
-    last = np.searchsorted(cuts, t["offset"] + t["count"])
     chosen = np.isin(t["op"], ops)
     for r in range(s.rounds):
         lo, hi = s.round_starts[r], s.round_starts[r + 1]
@@ -281,12 +293,10 @@ def carried_inputs(schedule: Schedule) -> np.ndarray:
     carried = np.full(len(t), -1, np.int64)
     if schedule.codec is not None or not len(t):
         return carried
-    cuts = np.unique(np.concatenate([[0, schedule.elements], t["offset"], t["offset"] + t["count"]]))
-    intervals = len(cuts) - 1
-    counts = np.zeros((schedule.nodes, intervals), np.int64)
+    cuts, first, last = intervals(schedule)
+    counts = np.zeros((schedule.nodes, len(cuts) - 1), np.int64)
     counts[:schedule.workers] = 1
-    first = np.searchsorted(cuts, t["offset"])
-    width = np.searchsorted(cuts, t["offset"] + t["count"]) - first
+    width = last - first
     for r in range(schedule.rounds):
         lo, hi = schedule.round_starts[r], schedule.round_starts[r + 1]
         if lo == hi:

@@ -15,7 +15,7 @@ import numpy as np
 from .. import algorithms
 from ..cost import default_options, predict
 from ..errors import ConfigError
-from ..schedule import carried_inputs
+from ..schedule import carried_inputs, intervals
 from ..simulate import SimResult, simulate
 from ..topology import Link, Topology, preset
 from ..topology.presets import pcie_switch
@@ -61,10 +61,11 @@ def topology_for(name: str, workers: int, bandwidth=None, latency=None) -> Topol
     return _with_links(topo, bandwidth, latency)
 
 
-def _cells(elements: int, transfers: np.ndarray) -> list[int]:
-    cuts = np.unique(np.concatenate([[0, elements], transfers["offset"], transfers["offset"] + transfers["count"]]))
+def _cells(schedule) -> list[int]:
+    """Buffer cells to draw: the schedule's elementary intervals, or MAX_CELLS equal ones."""
+    cuts = intervals(schedule)[0]
     if len(cuts) - 1 > MAX_CELLS:
-        cuts = np.unique(np.linspace(0, elements, MAX_CELLS + 1).astype(np.int64))
+        cuts = np.unique(np.linspace(0, schedule.elements, MAX_CELLS + 1).astype(np.int64))
     return cuts.tolist()
 
 
@@ -133,7 +134,7 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
         "workers": n, "bytes": nbytes, "elements": schedule.elements, "time_s": result.time, "rounds": schedule.rounds,
         "options": {k: v for k, v in schedule.options.items() if k in ("segments", "components", "eps")},
         "busbw_GBps": (nbytes / result.time) * 2 * (n - 1) / n / 1e9 if result.time > 0 else 0.0,
-        "error": error, "placement": result.placement.tolist(), "cells": _cells(schedule.elements, t),
+        "error": error, "placement": result.placement.tolist(), "cells": _cells(schedule),
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
