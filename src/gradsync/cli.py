@@ -426,10 +426,14 @@ def calibrate(workers, out, repeats, fmt):
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 def serve(host, port):
     """Serve the live view of every algorithm in the browser (no internet needed)."""
+    import threading
+
     import uvicorn
 
+    from .web import view
     from .web.app import create_app
 
+    threading.Thread(target=view.warm_up, daemon=True).start()   # routes cached before the first visit
     click.echo(f"gradsync live view: http://{host}:{port}/  (Ctrl-C to stop)")
     uvicorn.run(create_app(), host=host, port=port, log_level="warning")
 

@@ -14,7 +14,6 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
 from __future__ import annotations
 
 import json
-import threading
 from importlib import resources
 from typing import Literal
 
@@ -64,7 +63,6 @@ def _size(text) -> int:
 def create_app() -> FastAPI:
     """The ASGI app: ``uvicorn.run(create_app(), host="127.0.0.1")``."""
     app = FastAPI(title="gradsync", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
-    threading.Thread(target=view.warm_up, daemon=True).start()
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next):
