@@ -17,8 +17,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, default=1 << 16)
     args = parser.parse_args()
-    print(f"| dtype | N | c | rate | ring | unity eps | unity cond | unity error | vandermonde cond | "
-          f"vandermonde error | optimized cond | optimized error | optimized spread |")
+    print("| dtype | N | c | rate | ring | unity eps | unity cond | unity error | vandermonde cond | "
+          "vandermonde error | optimized cond | optimized error | optimized spread |")
     print("|" + "---|" * 13)
     for dtype in ("float32", "float64"):
         for n in (4, 8, 16):

@@ -106,8 +106,9 @@ def kvstore(rank, workers):
         plain = KVStore(strategy)
         plain.init("g", torch.zeros(7, dtype=torch.float64))
         plain.push("g", [torch.ones(7, dtype=torch.float64), torch.ones(7, dtype=torch.float64) * rank])
+        listed = plain.pull("g", torch.empty(7, dtype=torch.float64))
         summed = plain.pushpull("g", [torch.ones(7, dtype=torch.float64)], torch.empty(7, dtype=torch.float64))
-        out[strategy] = {"pulled": pulled.tolist(), "summed": summed.tolist()}
+        out[strategy] = {"pulled": pulled.tolist(), "listed": listed.tolist(), "summed": summed.tolist()}
     return out
 
 

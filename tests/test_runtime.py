@@ -59,12 +59,12 @@ def test_kvstore_sums_updates_at_the_owners_and_pulls_everywhere():
     results = run(bodies.kvstore, workers)
     total = sum(range(1, workers + 1))
     expected_w = [i - 0.5 * total for i in range(12)]
-    expected_g = [float(2 * workers + sum(range(workers)))] * 7      # two pushes: (1 + rank) then 1
+    expected_list = [float(workers + sum(range(workers)))] * 7     # each rank pushed [1, rank]: summed locally
     for r in results:
         for strategy, got in r.items():
             assert got["pulled"] == pytest.approx(expected_w), strategy
-            assert got["summed"] == pytest.approx([workers] * 7), strategy   # pushpull stores the last sum
-    assert expected_g  # the list push is checked through the pulled sum below
+            assert got["listed"] == pytest.approx(expected_list), strategy
+            assert got["summed"] == pytest.approx([workers] * 7), strategy   # a push replaces the stored sum
 
 
 def test_bucketed_all_reduce_is_exact():

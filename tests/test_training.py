@@ -1,6 +1,5 @@
 """gradsync train: data-parallel training equals single-worker training, and its figures add up."""
 
-import os
 import subprocess
 import sys
 
