@@ -457,9 +457,15 @@ def serve(host, port):
 @click.option("--link-latency", default=None, help="Emulated link latency (needs tc netem in the kernel).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw accuracy and time per epoch (against an exact ring run) to this PNG.")
+@click.option("--elastic", is_flag=True,
+              help="Run on torchrun's elastic agents: survive lost workers, admit replacements.")
+@click.option("--min-workers", type=click.IntRange(min=1), default=None,
+              help="With --elastic: train on as few as this many workers (default: all).")
+@click.option("--kill-every", type=click.FloatRange(0, min_open=True), default=None,
+              help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, fmt):
+          link_bandwidth, link_latency, plot, elastic, min_workers, kill_every, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -469,6 +475,10 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
     cfg.check(workers)
+    if elastic:
+        return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
+    if min_workers is not None or kill_every is not None:
+        raise click.UsageError("--min-workers and --kill-every need --elastic")
     progress = fmt == "table" and sys.stderr.isatty()
     with _links(workers, link_bandwidth, link_latency) as network:
         result = run_training(workers, cfg, progress, network)
@@ -500,6 +510,32 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _print_table(headers, rows)
         if plot:
             click.echo(f"plot written to {plot}")
+
+    _emit(fmt, result, render)
+
+
+def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
+    from .training import elastic
+
+    if unsupported:
+        raise click.UsageError("--elastic does not combine with --link-bandwidth, --link-latency or --plot")
+    min_workers = workers if min_workers is None else min_workers
+    elastic.check(workers, cfg, min_workers, kill_every)
+    if fmt == "table":
+        click.echo(f"gradsync train --elastic: {workers} torchrun agents (at least {min_workers}), {cfg.algorithm}, "
+                   f"{cfg.model} on digits, global batch {cfg.batch_size}"
+                   + (f", one worker killed every {kill_every:g} s" if kill_every else ""), err=True)
+    result = elastic.train(workers, cfg, min_workers, kill_every)
+
+    def render(r):
+        _print_table(["epoch", "step", "workers", "train loss", "test acc.", "at"],
+                     [[h["epoch"], h["step"], h["world_size"], f"{h['train_loss']:.4f}", f"{h['test_accuracy']:.3f}",
+                       format_time(h["time"])] for h in r["history"]])
+        sizes = sorted({e["world_size"] for e in r["events"]})
+        click.echo(f"{len(r['kills'])} workers killed, {r['restarts']} recoveries (group sizes {sizes}); every "
+                   f"recovery resumed from the last committed step with identical replicas; final step "
+                   f"{r['final']['step']}, parameters sha256 {r['final']['sha256'][:16]} on all "
+                   f"{r['final']['world_size']} workers")
 
     _emit(fmt, result, render)
 

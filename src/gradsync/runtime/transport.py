@@ -35,6 +35,7 @@ class Pending:
 
 
 log = logging.getLogger("gradsync")
+_started: dict[str, int] = {}     # collectives this process has started, per group
 
 
 def _store():
@@ -64,6 +65,7 @@ class TorchTransport:
         # apart when a failure hits.
         key = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
         self.failure_key = f"gradsync/failure/{key}"
+        self.sequence = _started[key] = _started.get(key, 0) + 1
         self.waiting_for: Pending | None = None
         self.started = time.monotonic()
         self._timer = None
@@ -73,9 +75,37 @@ class TorchTransport:
             self._timer.start()
 
     def _warn_stall(self, after):
+        late = self._late_ranks(settle=min(1.0, after / 2))
         p = self.waiting_for
-        who = f"rank {p.peer} ({p.kind})" if p is not None and p.peer >= 0 else "its peers"
-        log.warning("gradsync: rank %d: collective still waiting for %s after %.1f s", self.rank, who, after)
+        if p is None:                  # finished while we looked: nobody to blame
+            return
+        waited = time.monotonic() - self.started
+        if late:
+            log.warning("gradsync: rank %d: straggler: rank(s) %s had not started collective #%d %.1f s after "
+                        "this rank did", self.rank, late, self.sequence, waited)
+        else:
+            who = f"rank {p.peer} ({p.kind})" if p.peer >= 0 else "its peers"
+            log.warning("gradsync: rank %d: collective #%d still waiting for %s after %.1f s (every rank has "
+                        "started it: a slow link or a slow rank)", self.rank, self.sequence, who, waited)
+
+    def _late_ranks(self, settle: float) -> list[int]:
+        """Ranks that have not started this collective yet: each stalled rank checks in at the
+        store when its warning is due, and whoever has not within ``settle`` seconds is late
+        (every rank needs every other's data, so none can be done while another is missing)."""
+        store = _store()
+        if store is None:
+            return []
+        prefix = f"gradsync/stall/{self.failure_key}/{self.sequence}/"
+        try:
+            store.set(prefix + str(self.rank), "1")
+            deadline = time.monotonic() + settle
+            while True:
+                late = [r for r in range(self.size) if not store.check([prefix + str(r)])]
+                if not late or time.monotonic() >= deadline:
+                    return late
+                time.sleep(0.05)
+        except Exception:      # the store's host is gone: the timeout will name it
+            return []
 
     def close(self):
         if self._timer is not None:

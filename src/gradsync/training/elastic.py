@@ -1,0 +1,315 @@
+"""Elastic data-parallel training on torchrun's elastic agent: lose a worker, keep training.
+
+Each worker is one torchrun "node" (an elastic agent with one process) and all of them meet
+in torch.distributed's c10d rendezvous, whose store this launcher hosts, so that no worker's
+death takes it down. When a worker dies, the survivors' collective fails with ``PeerError``
+(gradsync's bounded-time failure detection), their agents restart them, the rendezvous forms
+a new round with the members still alive (at least ``min_workers``), and training continues
+from the last committed step. A replacement agent that arrives later is admitted the same
+way: the running agents see it waiting and restart into a larger round.
+
+Commit protocol: after each optimizer step, rank 0 writes the model and optimizer state and
+the step counter to one checkpoint file, atomically (write, then rename). Every (re)started
+worker loads that file, so a step is either in it, and then applied by everyone, or not, and
+then redone by everyone from the same state with the same global batch; no update is lost
+or applied twice. Ranks then compare the step counter and a SHA-256 of their parameters and
+optimizer state (an all_gather of 40 bytes, no pickling), and refuse to train on any
+disagreement. The loss is scaled so that the averaged gradient is the global batch's mean
+whatever the world size, so the run follows the fault-free trajectory up to float rounding.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from .. import algorithms
+from ..errors import ConfigError, GradsyncError
+from ..runtime.launch import LOOPBACK
+from . import data, models
+from .train import SyncMeter, TrainConfig
+
+CHECKPOINT = "checkpoint.pt"
+
+
+# ---------------------------------------------------------------- the worker (run by torchrun)
+
+def _state_digest(model, optimizer) -> bytes:
+    """SHA-256 of the parameters and the optimizer's momentum buffers, in a fixed order."""
+    h = hashlib.sha256(parameters_to_vector(model.parameters()).detach().numpy().tobytes())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            buf = optimizer.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                h.update(buf.detach().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+def _agree(model, optimizer, step: int) -> str:
+    """Every rank's step and state digest must match rank 0's; returns the digest (hex)."""
+    mine = torch.frombuffer(bytearray(step.to_bytes(8, "little") + _state_digest(model, optimizer)),
+                            dtype=torch.uint8)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    differ = [r for r, t in enumerate(everyone) if not torch.equal(t, everyone[0])]
+    if differ:
+        steps = {r: int.from_bytes(bytes(everyone[r][:8].tolist()), "little") for r in [0, *differ]}
+        raise GradsyncError(f"replicas disagree after recovery: ranks {differ} differ from rank 0 "
+                            f"(steps {steps})")
+    return bytes(mine[8:].tolist()).hex()
+
+
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _commit(workdir: Path, model, optimizer, step: int, history: list) -> None:
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history}
+    _write_atomic(workdir / CHECKPOINT, lambda p: torch.save(state, p))
+
+
+def _log_event(workdir: Path, event: dict) -> None:
+    with open(workdir / "events.jsonl", "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def _evaluate(model, split) -> dict:
+    with torch.no_grad():
+        return {"train_loss": F.cross_entropy(model(split.x_train), split.y_train).item(),
+                "test_accuracy": (model(split.x_test).argmax(1) == split.y_test).float().mean().item()}
+
+
+def worker(workdir: Path) -> None:
+    """One rank of an elastic run, started (and restarted) by torchrun's agent."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    spec = json.loads((workdir / "config.json").read_text())
+    cfg = TrainConfig(**spec["config"])
+    (workdir / "pids").mkdir(exist_ok=True)
+    (workdir / "pids" / str(os.getppid())).write_text(str(os.getpid()))   # for the fault drill
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    split = data.digits(cfg.seed)
+    model = models.build(cfg.model, cfg.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    step, history = 0, []
+    if (workdir / CHECKPOINT).exists():
+        state = torch.load(workdir / CHECKPOINT, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history = state["step"], state["history"]
+    digest = _agree(model, optimizer, step)
+    if rank == 0:
+        _log_event(workdir, {"time": time.time(), "event": "start", "world_size": world, "step": step,
+                             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), "sha256": digest})
+    ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_mb, init_sync=False)
+    meter = SyncMeter(cfg, rank, world)
+    ddp.register_comm_hook(None, meter.hook)
+    per_epoch = len(data.batches(len(split.y_train), cfg.batch_size, 0, cfg.seed))
+    total = cfg.epochs * per_epoch
+    while step < total:
+        epoch, i = divmod(step, per_epoch)
+        batch = data.batches(len(split.y_train), cfg.batch_size, epoch, cfg.seed)[i]
+        idx = data.shard(batch, rank, world)
+        optimizer.zero_grad()
+        # summed, scaled by world / batch: after the hook's average, the global batch's mean
+        loss = F.cross_entropy(ddp(split.x_train[idx]), split.y_train[idx], reduction="sum") * (world / len(batch))
+        loss.backward()
+        optimizer.step()
+        step += 1
+        if rank == 0:
+            if step % per_epoch == 0:
+                history.append({"epoch": step // per_epoch, "step": step, "world_size": world,
+                                "time": time.time(), **_evaluate(model, split)})
+            _commit(workdir, model, optimizer, step, history)
+            _write_atomic(workdir / "progress.json", lambda p: p.write_text(json.dumps({"step": step,
+                                                                                        "total": total})))
+    digest = _agree(model, optimizer, step)
+    if rank == 0:
+        done = {"step": step, "world_size": world, "sha256": digest}
+        _write_atomic(workdir / "done.json", lambda p: p.write_text(json.dumps(done)))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- the launcher and fault drill
+
+def check(workers: int, cfg: TrainConfig, min_workers: int, kill_every: float | None) -> None:
+    """Refuse what elastic training cannot do, before anything starts."""
+    cfg.check(workers)
+    if cfg.algorithm not in algorithms.EXACT:
+        raise ConfigError(f"--elastic needs an exact algorithm ({', '.join(sorted(algorithms.EXACT))}), got "
+                          f"{cfg.algorithm!r}: recovery checks that replicas are bit-identical")
+    if cfg.resync_every:
+        raise ConfigError("--resync-every is a remedy for CERAR's drift; --elastic runs exact algorithms only")
+    if not isinstance(min_workers, int) or not 1 <= min_workers <= workers:
+        raise ConfigError(f"min_workers must be an integer in 1..{workers}, got {min_workers!r}")
+    if kill_every is not None and (kill_every <= 0 or min_workers == workers):
+        raise ConfigError(f"kill_every needs a positive number of seconds and min_workers < workers, got "
+                          f"{kill_every!r} with min_workers {min_workers}")
+
+
+class _Nodes:
+    """The torchrun agents of one elastic run, each in its own session so it can be killed whole."""
+
+    def __init__(self, workdir: Path, workers: int, min_workers: int, port: int, max_restarts: int):
+        self.workdir, self.procs, self.logs = workdir, [], []
+        self.command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{min_workers}:{workers}",
+            "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{port}",
+            "--rdzv-id", "gradsync-elastic", "--local-addr", LOOPBACK, "--max-restarts", str(max_restarts),
+            "--monitor-interval", "0.2",
+            "--rdzv-conf", "is_host=false,join_timeout=120,last_call_timeout=2,keep_alive_interval=1,"
+                           "keep_alive_max_attempt=3",
+            "-m", "gradsync.training.elastic", str(workdir)]
+        self.env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "LOGLEVEL": os.environ.get("GRADSYNC_AGENT_LOGLEVEL", "WARNING"),
+                    # workers' stores on worker rank 0, re-chosen every round: the agents' shared store
+                    # would stay on the first rank-0 agent, which may be the one that dies
+                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+    def start(self) -> None:
+        log = open(self.workdir / f"agent{len(self.procs)}.log", "w")
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def alive(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p.poll() is None]
+
+    def kill(self, i: int) -> None:
+        """SIGKILL agent ``i`` and its worker (a lost machine)."""
+        agent = self.procs[i]
+        pid_file = self.workdir / "pids" / str(agent.pid)
+        for pgid in (agent.pid, int(pid_file.read_text()) if pid_file.exists() else None):
+            if pgid is not None:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        agent.wait()
+
+    def close(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        for i in self.alive():
+            try:
+                self.procs[i].wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill(i)
+        for log in self.logs:
+            log.close()
+
+    def tail(self, lines: int = 3) -> str:
+        for log in self.logs:
+            log.flush()
+        texts = [Path(log.name).read_text(errors="replace").strip().splitlines() for log in self.logs]
+        errors = [t for text in texts for t in text if "Error" in t or "error" in t]
+        return " | ".join(errors[-lines:]) or "no error in the agents' logs"
+
+
+def _running(workdir: Path, workers: int, since: float) -> int | None:
+    """The committed step if a full group formed after ``since`` (time.time()) is training
+    (it has committed a step since it started), else None: the drill kills only then, since a
+    kill inside torchrun's rendezvous can stall the agents' rank assignment (a store timeout)."""
+    try:
+        last = json.loads((workdir / "events.jsonl").read_text().splitlines()[-1])
+        step = json.loads((workdir / "progress.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    full = last["world_size"] == workers and last["time"] > since
+    return step if full and step > last["step"] else None
+
+
+def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_every: float | None = None,
+          max_kills: int | None = None, rejoin_after: float = 3.0, seed: int = 0, timeout: float = 1800.0,
+          workdir: str | None = None) -> dict:
+    """Train on ``workers`` torchrun agents; with ``kill_every``, a fault drill SIGKILLs one
+    worker (agent and process) every that many seconds of running training (at most
+    ``max_kills`` times) and starts a replacement ``rejoin_after`` seconds later. The
+    checkpoint and the agents' logs stay in ``workdir`` if one is given.
+
+    Example::
+
+        result = train(3, TrainConfig(epochs=2), min_workers=2, kill_every=10)
+        result["final"]["step"], len(result["kills"])
+    """
+    min_workers = workers if min_workers is None else min_workers
+    check(workers, cfg, min_workers, kill_every)
+    own_dir = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="gradsync-elastic-") if own_dir else workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in (CHECKPOINT, "done.json", "progress.json", "events.jsonl"):
+        (work / stale).unlink(missing_ok=True)
+    for partial in work.glob("*.tmp*"):          # writes cut short by an earlier kill
+        partial.unlink()
+    (work / "config.json").write_text(json.dumps({"config": asdict(cfg)}))
+    # the rendezvous store lives here, in the launcher, which no drill kills
+    store = dist.TCPStore(LOOPBACK, 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    nodes = _Nodes(work, workers, min_workers, store.port, max_restarts=1000)
+    kills, rng, start = [], random.Random(seed), time.monotonic()
+    stop = threading.Event()
+    try:
+        for _ in range(workers):
+            nodes.start()
+        next_kill = start + kill_every if kill_every else None
+        last_kill = 0.0
+        while not (work / "done.json").exists():
+            if not nodes.alive():
+                raise GradsyncError(f"elastic training stopped: every agent exited ({nodes.tail()})")
+            if time.monotonic() - start > timeout:
+                raise GradsyncError(f"elastic training did not finish within {timeout:.0f} s ({nodes.tail()})")
+            now = time.monotonic()
+            if next_kill is not None and now >= next_kill and (max_kills is None or len(kills) < max_kills):
+                step = _running(work, workers, since=last_kill)
+                if step is not None and len(nodes.alive()) == workers:
+                    victim = rng.choice(nodes.alive())
+                    nodes.kill(victim)
+                    last_kill = time.time()
+                    kills.append({"time_s": now - start, "agent": victim, "step": step})
+                    stop.wait(rejoin_after)
+                    nodes.start()                                   # the replacement joins
+                    next_kill = time.monotonic() + kill_every
+            stop.wait(0.2)
+        elapsed = time.monotonic() - start
+    finally:
+        nodes.close(grace=30.0)
+    done = json.loads((work / "done.json").read_text())
+    state = torch.load(work / CHECKPOINT, weights_only=True)
+    events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    t0 = events[0]["time"] if events else 0.0
+    for e in events + state["history"]:
+        e["time"] = round(e["time"] - t0, 3)
+    result = {"workers": workers, "min_workers": min_workers, "config": asdict(cfg), "elapsed_s": elapsed,
+              "history": state["history"], "events": events, "kills": kills, "final": done,
+              "restarts": len(events) - 1}
+    if own_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
+    # Leave without interpreter teardown: in about one run in six, a C++ destructor there
+    # (after the process group is destroyed, no Python frame left) aborts with "terminate
+    # called without an active exception", and torchrun would restart a finished group.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,64 @@
+"""Elastic training on torchrun's agents: a killed worker costs time, never an update or a replica."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gradsync.errors import ConfigError
+from gradsync.training import elastic
+from gradsync.training.train import TrainConfig
+
+CFG = TrainConfig(model="mlp", epochs=20, batch_size=32, timeout=10.0)
+STEPS = CFG.epochs * (1438 // 32)
+
+
+def _parameters(workdir):
+    state = torch.load(workdir / elastic.CHECKPOINT, weights_only=True)
+    return torch.cat([t.flatten() for t in state["model"].values()])
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_training_ends_where_the_fault_free_run_does(tmp_path):
+    clean = elastic.train(3, CFG, min_workers=2, workdir=tmp_path / "clean")
+    # the replacement comes late, so the two survivors first train on their own
+    drill = elastic.train(3, CFG, min_workers=2, kill_every=1.0, max_kills=1, rejoin_after=12.0,
+                          workdir=tmp_path / "drill")
+    assert clean["final"]["step"] == drill["final"]["step"] == STEPS
+    assert clean["restarts"] == 0 and len(drill["kills"]) == 1 and drill["restarts"] >= 1
+    killed_at = drill["kills"][0]["step"]
+    resumed = [e["step"] for e in drill["events"][1:]]
+    # every recovery starts from a committed step at least as late as what was committed at the
+    # kill (nothing committed is lost), and steps never go backwards (nothing is applied twice)
+    assert resumed[0] >= killed_at and resumed == sorted(resumed)
+    assert all(len(e["sha256"]) == 64 for e in drill["events"])     # each recovery's replicas agreed
+    assert 2 in {e["world_size"] for e in drill["events"][1:]}       # the survivors re-formed alone
+    # the loss is scaled to the global batch, so the lost worker changes only float rounding
+    gap = (_parameters(tmp_path / "drill") - _parameters(tmp_path / "clean")).abs().max().item()
+    assert gap < 1e-3
+    assert abs(drill["history"][-1]["test_accuracy"] - clean["history"][-1]["test_accuracy"]) <= 0.01
+    assert [h["epoch"] for h in drill["history"]] == list(range(1, CFG.epochs + 1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cfg=TrainConfig(algorithm="cerar")), "needs an exact algorithm"),
+    (dict(min_workers=0), "min_workers must be an integer in 1..3"),
+    (dict(min_workers=4), "min_workers must be an integer in 1..3"),
+    (dict(kill_every=5.0, min_workers=3), "min_workers < workers"),
+    (dict(kill_every=-1.0, min_workers=2), "positive number of seconds"),
+    (dict(cfg=TrainConfig(resync_every=2)), "exact algorithms only"),
+])
+def test_elastic_refuses_what_it_cannot_do_before_starting(kwargs, message):
+    args = dict(workers=3, cfg=TrainConfig(), min_workers=3, kill_every=None) | kwargs
+    with pytest.raises(ConfigError, match=message):
+        elastic.check(**args)
+
+
+def test_elastic_cli_errors_are_one_line():
+    for argv, message in ((["--elastic", "--algorithm", "cerar"], "needs an exact algorithm"),
+                          (["--kill-every", "5"], "--min-workers and --kill-every need --elastic"),
+                          (["--elastic", "--plot", "x.png"], "does not combine")):
+        run = subprocess.run([sys.executable, "-m", "gradsync", "train", *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run
