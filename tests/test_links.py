@@ -58,3 +58,15 @@ def test_shaped_links_carry_close_to_their_limit():
         seconds = run(bodies.timed_ring, 2, 1 << 20, network=net)[0]
     busbw = 4 * (1 << 20) / seconds * 2 * 1 / 2          # bytes/s, N = 2
     assert 0.5 * 12.5e6 <= busbw <= 1.1 * 12.5e6, busbw    # shaped: near the limit, never above it
+
+
+@root_only
+def test_idle_slow_start_is_the_kernel_default_unless_turned_off():
+    def setting(ns):
+        return subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.tcp_slow_start_after_idle"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    with links.SlowLinks(2, "1Gbit") as net:
+        assert [setting(ns) for ns in net.namespaces] == ["1", "1"]
+    with links.SlowLinks(2, "1Gbit", idle_slow_start=False) as net:
+        assert [setting(ns) for ns in net.namespaces] == ["0", "0"]

@@ -69,6 +69,10 @@ class SlowLinks:
     interface: str = "eth0"
     port: int = PORT
     queue_ms: int = 100           # tbf's queue, in time at the link's rate
+    # Linux restarts TCP slow start on a connection idle for one RTO (the kernel default);
+    # clusters tuned for collectives often turn that off, and algorithms with many short
+    # rounds feel it most (docs/experiments.md)
+    idle_slow_start: bool = True
 
     def __post_init__(self):
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
@@ -112,6 +116,8 @@ class SlowLinks:
             _ip("ip", "addr", "add", f"{self.addresses[i]}/24", "dev", self.interface, ns=ns)
             _ip("ip", "link", "set", self.interface, "up", ns=ns)
             _ip("ip", "link", "set", "lo", "up", ns=ns)
+            if not self.idle_slow_start:
+                _ip("sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", ns=ns)
             _ip("ip", "link", "set", b, "master", "br0", ns=switch)
             _ip("ip", "link", "set", b, "up", ns=switch)
             for dev, where in ((self.interface, ns), (b, switch)):   # both directions
