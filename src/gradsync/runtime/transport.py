@@ -151,6 +151,10 @@ class TorchTransport:
             pass
         if own.peer is None:        # a collective step failed: find who is missing
             return self._roll_call(store, own, deadline + 1.0)
+        if own.op_detail == "closed" and self._checked_in(store, own.peer, grace=0.5):
+            # the peer lives: Gloo closed its connections after a failure of its own, so
+            # naming it would blame a survivor (seen in the fault campaign): find who is missing
+            return self._roll_call(store, own, deadline + 1.0)
         try:
             if not timed_out:       # we saw the failure itself: tell the others
                 store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
@@ -180,6 +184,18 @@ class TorchTransport:
             return None
         peer, _, text = store.get(self.failure_key).decode().partition("|")
         return int(peer), text
+
+    def _checked_in(self, store, rank: int, grace: float) -> bool:
+        """Whether ``rank`` checks in (it met the failure alive) within ``grace`` seconds."""
+        until = time.monotonic() + grace
+        try:
+            while not store.check([f"{self.failure_key}/alive/{rank}"]):
+                if time.monotonic() >= until:
+                    return False
+                time.sleep(0.02)
+            return True
+        except Exception:
+            return False
 
     def _missing(self, store) -> list[int]:
         """Ranks that have not checked in since the group failed."""
