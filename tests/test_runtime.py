@@ -99,3 +99,12 @@ def test_a_straggler_is_warned_about_then_finishes():
     for r in results[1:]:           # every rank that waited names the late one, not its neighbour
         assert any("straggler: rank(s) [0] had not started collective" in w for w in r["warnings"]), r
     assert results[0]["warnings"] == []
+
+
+def test_workers_listen_on_loopback_only():
+    # Gloo binds to lo; the rendezvous store is handed a socket bound to 127.0.0.1, since
+    # TCPStore alone would listen on every interface
+    listening = run(bodies.listening_addresses, 3)
+    assert any(listening), "rank 0 serves the store: something must listen"
+    for rank, addresses in enumerate(listening):
+        assert set(addresses) <= {"127.0.0.1", "::1"}, (rank, addresses)

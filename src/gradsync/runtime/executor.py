@@ -4,13 +4,16 @@ Per round, a rank posts all its receives, then all its sends (posting a send bef
 receive from the same peer serializes the two directions over Gloo), waits for all of them
 within the collective's deadline, then adds received segments in place (REDUCE) or lets
 COPY receives land directly in the buffer when nothing in the round reads what they
-overwrite. Helper nodes (the host) run inside rank 0's process. Coded transfers (CERAR) take
+overwrite. The next round's receives are posted before this round's sends wherever that is
+safe: Gloo's sender holds its data until the receiver's ready notice arrives, and a notice
+sent at the start of its own round costs a round trip each round (on a shaped link, behind
+the receiver's outgoing data). Helper nodes (the host) run inside rank 0's process. Coded transfers (CERAR) take
 their packets from the codec's per-worker object. No per-element Python anywhere.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -43,6 +46,7 @@ class RoundPlan:
     local: tuple[tuple[int, int, int, int, int], ...]   # (src node, dst node, offset, count, op)
     direct_copy: bool                                    # COPY receives may land in place
     scratch: int                                         # elements of temporary receive space
+    early: bool = False       # receives may be posted during this rank's previous round
 
 
 def rank_of(schedule: Schedule, node: np.ndarray) -> np.ndarray:
@@ -75,7 +79,25 @@ def plan(schedule: Schedule, rank: int, ops: tuple = (REDUCE, COPY, CODED)) -> t
         plans.append(RoundPlan(r, recvs, sends, tuple((int(t["src"][i]), int(t["dst"][i]), int(t["offset"][i]),
                                                       int(t["count"][i]), int(t["op"][i])) for i in local),
                                direct, scratch))
+    for k in range(1, len(plans)):
+        plans[k] = replace(plans[k], early=_may_post_early(plans[k], plans[k - 1]))
     return tuple(plans)
+
+
+def _may_post_early(this: RoundPlan, previous: RoundPlan) -> bool:
+    """Whether ``this`` round's receives can be posted while ``previous`` runs: receives into
+    scratch always can (rounds alternate between two scratch spaces); receives in place only
+    if nothing the previous round reads or writes on this rank overlaps them."""
+    landing = [(o.node, o.offset, o.offset + o.count) for o in this.recvs if o.op == COPY and this.direct_copy]
+    if not landing:
+        return True
+    touched = [(o.node, o.offset, o.offset + o.count) for o in previous.recvs + previous.sends]
+    touched += [(node, off, off + cnt) for src, dst, off, cnt, _ in previous.local for node in (src, dst)]
+    if not touched:
+        return True
+    a, b = np.array(landing), np.array(touched)
+    overlap = ((a[:, None, 0] == b[None, :, 0]) & (a[:, None, 1] < b[None, :, 2]) & (b[None, :, 1] < a[:, None, 2]))
+    return not overlap.any()
 
 
 def node_buffers(schedule: Schedule, rank: int, flat: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -104,20 +126,16 @@ def run_rounds(schedule: Schedule, buffers: dict, transport, deadline: float,
     rank = transport.rank
     flat = buffers[rank]
     rounds = plan(schedule, rank, ops)
-    scratch = _scratch(schedule, rank, flat.dtype, flat.device, max((p.scratch for p in rounds), default=0))
+    spaces = [_scratch(schedule, rank, flat.dtype, flat.device, max((p.scratch for p in rounds[k::2]), default=0), k)
+              for k in (0, 1)]
     piece = max(1, PIECE_BYTES // flat.element_size())
-    for p in rounds:
-        arriving, sending, used = [], [], 0          # (pending, op, target, data) per piece
-        for o in p.recvs:
-            if o.op == COPY and p.direct_copy:
-                target = buffers[o.node][o.offset:o.offset + o.count]
-                arriving.append((transport.recv(target, o.peer, o.tag * MAX_PIECES), o.op, None, None))
-                continue
-            for k, (a, b) in enumerate(_pieces(o.count, piece)):
-                data = scratch[used + a:used + b]
-                target = buffers[o.node][o.offset + a:o.offset + b]
-                arriving.append((transport.recv(data, o.peer, o.tag * MAX_PIECES + k), o.op, target, data))
-            used += o.count
+    posted = _post_receives(rounds[0], buffers, spaces[0], piece, transport) if rounds else []
+    for i, p in enumerate(rounds):
+        arriving, posted = posted, None      # (pending, op, target, data) per piece
+        following = rounds[i + 1] if i + 1 < len(rounds) else None
+        if following is not None and following.early:
+            posted = _post_receives(following, buffers, spaces[(i + 1) % 2], piece, transport)
+        sending = []
         for o in p.sends:
             cuts = _pieces(o.count, piece) if o.op == REDUCE or not p.direct_copy else [(0, o.count)]
             for k, (a, b) in enumerate(cuts):
@@ -132,6 +150,24 @@ def run_rounds(schedule: Schedule, buffers: dict, transport, deadline: float,
         for dst, off, cnt, op, data in local:
             target = buffers[dst][off:off + cnt]
             target.add_(data) if op == REDUCE else target.copy_(data)
+        if following is not None and posted is None:
+            posted = _post_receives(following, buffers, spaces[(i + 1) % 2], piece, transport)
+
+
+def _post_receives(p: RoundPlan, buffers: dict, scratch: torch.Tensor, piece: int, transport) -> list:
+    """Post round ``p``'s receives: in place, or into ``scratch`` in pieces to add on arrival."""
+    arriving, used = [], 0
+    for o in p.recvs:
+        if o.op == COPY and p.direct_copy:
+            target = buffers[o.node][o.offset:o.offset + o.count]
+            arriving.append((transport.recv(target, o.peer, o.tag * MAX_PIECES), o.op, None, None))
+            continue
+        for k, (a, b) in enumerate(_pieces(o.count, piece)):
+            data = scratch[used + a:used + b]
+            target = buffers[o.node][o.offset + a:o.offset + b]
+            arriving.append((transport.recv(data, o.peer, o.tag * MAX_PIECES + k), o.op, target, data))
+        used += o.count
+    return arriving
 
 
 def _pieces(count: int, piece: int) -> list[tuple[int, int]]:
@@ -142,8 +178,9 @@ def _pieces(count: int, piece: int) -> list[tuple[int, int]]:
 
 
 @lru_cache(maxsize=64)
-def _scratch(schedule: Schedule, rank: int, dtype, device, elements: int) -> torch.Tensor:
-    """Receive space kept across calls: a training loop allocates it once."""
+def _scratch(schedule: Schedule, rank: int, dtype, device, elements: int, slot: int = 0) -> torch.Tensor:
+    """Receive space kept across calls (two slots: even and odd rounds); a training loop
+    allocates it once."""
     return torch.empty(elements, dtype=dtype, device=device)
 
 
@@ -159,11 +196,18 @@ def _execute_coded(schedule: Schedule, flat: torch.Tensor, transport, deadline: 
     if flat.numel() == 0:
         return flat
     worker = cerar.Worker(_design(schedule), transport.rank, flat)
-    for p in plan(schedule, transport.rank):
-        pending = [transport.recv(worker.receive(p.round), o.peer, o.tag * MAX_PIECES) for o in p.recvs]
-        packets = [worker.packet(p.round) for _ in p.sends]
-        pending += [transport.send(pk, o.peer, o.tag * MAX_PIECES) for pk, o in zip(packets, p.sends)]
-        transport.wait(pending, deadline)
+    rounds = plan(schedule, transport.rank)
+
+    def post(p):     # the codec's receive buffers for rounds t and t + 1 are distinct
+        return [transport.recv(worker.receive(p.round), o.peer, o.tag * MAX_PIECES) for o in p.recvs]
+
+    arriving = post(rounds[0]) if rounds else []
+    for i, p in enumerate(rounds):
+        packets = [worker.packet(p.round) for _ in p.sends]          # new tensors: reads done
+        following = post(rounds[i + 1]) if i + 1 < len(rounds) else []
+        sending = [transport.send(pk, o.peer, o.tag * MAX_PIECES) for pk, o in zip(packets, p.sends)]
+        transport.wait(arriving + sending, deadline)
         worker.received(p.round)
+        arriving = following
     assert all(o.op == CODED for p in plan(schedule, transport.rank) for o in p.recvs + p.sends)
     return worker.result()

@@ -28,6 +28,22 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
+def rendezvous_store(host: str, port: int, rank: int, workers: int, timeout: float) -> dist.TCPStore:
+    """The group's TCPStore; rank 0 serves it on ``host`` only. (Given just a host and port,
+    TCPStore's server listens on every interface; handed a socket bound to ``host``, it
+    listens there.)"""
+    wait = datetime.timedelta(seconds=timeout)
+    if rank != 0:
+        return dist.TCPStore(host, port, workers, is_master=False, timeout=wait)
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(128)
+    port = listener.getsockname()[1]                  # port 0: the one the system chose
+    return dist.TCPStore(host, port, workers, is_master=True, timeout=wait, wait_for_workers=False,
+                         master_listen_fd=listener.detach())
+
+
 def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
     if network is not None:                                  # a worker behind an emulated slow link
         from .links import enter
@@ -37,8 +53,8 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=workers,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
+                                world_size=workers, timeout=datetime.timedelta(seconds=timeout))
         results.put((rank, "ok", fn(rank, workers, *args)))
     except BaseException as exc:  # report every failure to the parent, then exit
         detail = f"{type(exc).__name__}: {exc}"

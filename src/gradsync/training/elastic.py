@@ -42,7 +42,7 @@ from torch.nn.utils import parameters_to_vector
 
 from .. import algorithms
 from ..errors import ConfigError, GradsyncError
-from ..runtime.launch import LOOPBACK
+from ..runtime.launch import LOOPBACK, rendezvous_store
 from . import data, models
 from .train import SyncMeter, TrainConfig
 
@@ -107,8 +107,10 @@ def worker(workdir: Path) -> None:
     (workdir / "pids").mkdir(exist_ok=True)
     (workdir / "pids" / str(os.getppid())).write_text(str(os.getpid()))   # for the fault drill
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=cfg.timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = rendezvous_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, cfg.timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.timeout))
     split = data.digits(cfg.seed)
     model = models.build(cfg.model, cfg.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
@@ -262,7 +264,7 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
         partial.unlink()
     (work / "config.json").write_text(json.dumps({"config": asdict(cfg)}))
     # the rendezvous store lives here, in the launcher, which no drill kills
-    store = dist.TCPStore(LOOPBACK, 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    store = rendezvous_store(LOOPBACK, 0, 0, 1, timeout=60.0)
     nodes = _Nodes(work, workers, min_workers, store.port, max_restarts=1000)
     kills, rng, start = [], random.Random(seed), time.monotonic()
     stop = threading.Event()
