@@ -439,13 +439,15 @@ class Worker:
         self.m = -(-self.d // c)
         self.raw = _zeros_like(flat, (2 * c, self.m))          # received window, then own G
         self.raw[c:].reshape(-1)[:self.d] = flat
-        self.f = _matrix_like(flat, design.sender(worker)) @ self.raw[c:]   # L x m
+        # F_j(t) is made per round, not all L at once: the runtime then encodes while the
+        # previous round's packets are on the wire, and never holds L x m encoded values
+        self._sender = _matrix_like(flat, design.sender(worker))     # L x c
         self._scratch = _zeros_like(flat, (2, self.m))
         self._last = self._scratch[0]                          # P_{j-1}(t-1); zero before round 1
 
     def packet(self, t: int):
         """The packet sent in round t: what arrived in round t - 1 plus F_j(t)."""
-        return self._last + self.f[t - 1]
+        return self._last + self._sender[t - 1] @ self.raw[self.design.components:]
 
     def receive(self, t: int):
         """Where round t's packet is received: kept for decoding once t >= N - 1."""
