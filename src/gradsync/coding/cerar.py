@@ -437,8 +437,12 @@ class Worker:
         self.design, self.worker, self.n = design, worker, design.workers
         self.d, c = flat.shape[0], design.components
         self.m = -(-self.d // c)
-        self.raw = _zeros_like(flat, (2 * c, self.m))          # received window, then own G
-        self.raw[c:].reshape(-1)[:self.d] = flat
+        if self.d == c * self.m:        # own G is a view of the input: nothing to copy up front
+            self.own = flat.reshape(c, self.m)
+        else:
+            self.own = _zeros_like(flat, (c, self.m))
+            self.own.reshape(-1)[:self.d] = flat
+        self.window = _zeros_like(flat, (c, self.m))         # the c packets kept for decoding
         # F_j(t) is made per round, not all L at once: the runtime then encodes while the
         # previous round's packets are on the wire, and never holds L x m encoded values
         self._sender = _matrix_like(flat, design.sender(worker))     # L x c
@@ -447,12 +451,12 @@ class Worker:
 
     def packet(self, t: int):
         """The packet sent in round t: what arrived in round t - 1 plus F_j(t)."""
-        return self._last + self._sender[t - 1] @ self.raw[self.design.components:]
+        return self._last + self._sender[t - 1] @ self.own
 
     def receive(self, t: int):
         """Where round t's packet is received: kept for decoding once t >= N - 1."""
         if t >= self.n - 1:
-            return self.raw[t - (self.n - 1)]
+            return self.window[t - (self.n - 1)]
         return self._scratch[t % 2]
 
     def received(self, t: int) -> None:
@@ -460,8 +464,9 @@ class Worker:
 
     def result(self):
         """This worker's estimate of the sum, d elements."""
-        dec = _matrix_like(self.raw, self.design.decoder(self.worker))
-        return (dec @ self.raw).reshape(-1)[:self.d]
+        c = self.design.components
+        dec = _matrix_like(self.own, self.design.decoder(self.worker))     # c x 2c: window, then own
+        return (dec[:, :c] @ self.window + dec[:, c:] @ self.own).reshape(-1)[:self.d]
 
 
 def _zeros_like(like, shape):
