@@ -442,7 +442,7 @@ class Worker:
         else:
             self.own = _zeros_like(flat, (c, self.m))
             self.own.reshape(-1)[:self.d] = flat
-        self.window = _zeros_like(flat, (c, self.m))         # the c packets kept for decoding
+        self.window = _empty_like(flat, (c, self.m))         # the c packets kept, each written once
         # F_j(t) is made per round, not all L at once: the runtime then encodes while the
         # previous round's packets are on the wire, and never holds L x m encoded values
         self._sender = _matrix_like(flat, design.sender(worker))     # L x c
@@ -467,6 +467,12 @@ class Worker:
         c = self.design.components
         dec = _matrix_like(self.own, self.design.decoder(self.worker))     # c x 2c: window, then own
         return (dec[:, :c] @ self.window + dec[:, c:] @ self.own).reshape(-1)[:self.d]
+
+
+def _empty_like(like, shape):
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, like.dtype)
+    return like.new_empty(shape)
 
 
 def _zeros_like(like, shape):
