@@ -212,3 +212,16 @@ def listening_addresses(rank, workers):
                 words = b"".join(struct.pack("<I", w) for w in struct.unpack(f">{len(raw) // 4}I", raw))
                 found.append(socket.inet_ntop(family, words))
     return found
+
+
+def late_to_a_dead_peer(rank, workers):
+    """Rank 1 exits; rank 0 starts its all-reduce once the connection is known closed, so
+    posting the first operation fails at once: still a PeerError naming rank 1."""
+    if rank == 1:
+        os._exit(0)
+    time.sleep(1.5)
+    try:
+        gradsync.all_reduce(torch.ones(1 << 16), timeout=3.0, check=False)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer}

@@ -108,3 +108,8 @@ def test_workers_listen_on_loopback_only():
     assert any(listening), "rank 0 serves the store: something must listen"
     for rank, addresses in enumerate(listening):
         assert set(addresses) <= {"127.0.0.1", "::1"}, (rank, addresses)
+
+
+def test_posting_to_a_peer_already_gone_is_a_peer_error():
+    r = run(bodies.late_to_a_dead_peer, 2, timeout=60, tolerate=True)[0]
+    assert isinstance(r, dict) and r["error"] is not None and r["peer"] == 1, r

@@ -114,15 +114,15 @@ class TorchTransport:
     def gather(self, data: torch.Tensor, deadline: float) -> list[torch.Tensor]:
         """Every rank's ``data`` (same-size bytes), by rank: an all_gather, without pickling."""
         out = [torch.empty_like(data) for _ in range(self.size)]
-        work = dist.all_gather(out, data, group=self.group, async_op=True)
+        work = _post(dist.all_gather, out, data, group=self.group, async_op=True)
         self.wait([Pending(work, -1, "gather", -1)], deadline)
         return out
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
-        return Pending(dist.irecv(tensor, self._global[peer], group=self.group, tag=tag), peer, "recv", tag)
+        return Pending(_post(dist.irecv, tensor, self._global[peer], group=self.group, tag=tag), peer, "recv", tag)
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
-        return Pending(dist.isend(tensor, self._global[peer], group=self.group, tag=tag), peer, "send", tag)
+        return Pending(_post(dist.isend, tensor, self._global[peer], group=self.group, tag=tag), peer, "send", tag)
 
     def wait(self, pending: list[Pending], deadline: float) -> None:
         """Wait for every posted operation, all within ``deadline`` (time.monotonic())."""
@@ -229,6 +229,24 @@ class TorchTransport:
         except Exception:
             pass
         return error
+
+
+class _Failed:
+    """An operation whose posting already failed (the peer's connection was gone): waiting
+    on it raises that failure, so it is named like any other."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def wait(self, timeout=None):
+        raise self.exc
+
+
+def _post(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, dist.DistBackendError) as exc:
+        return _Failed(exc)
 
 
 def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
