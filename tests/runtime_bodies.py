@@ -225,3 +225,15 @@ def late_to_a_dead_peer(rank, workers):
         return {"error": None}
     except gradsync.PeerError as exc:
         return {"error": str(exc), "peer": exc.peer}
+
+
+def cerar_in_pieces(rank, workers):
+    """CERAR on gradients large enough to travel in several pieces per round (with padding)."""
+    n = workers * 700_001 + 1
+    exact = inputs(rank, n, torch.float64)
+    gradsync.all_reduce(exact, algorithm="cerar", components=workers)          # c = N: exact design
+    approx = inputs(rank, n, torch.float32)
+    gradsync.all_reduce(approx, algorithm="cerar", components=2 * workers)
+    ref64, ref32 = reference(workers, n, torch.float64), reference(workers, n, torch.float32)
+    return {"exact": ((exact - ref64).abs().max() / ref64.abs().max()).item(),
+            "approx": ((approx.double() - ref32).norm() / ref32.norm()).item()}

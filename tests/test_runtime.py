@@ -19,6 +19,11 @@ def test_every_algorithm_dtype_and_length_sums_exactly(workers):
             assert rank_result[key] <= tol, (key, rank_result[key])
 
 
+def test_cerar_in_pieces_overlapping_rounds_is_still_right():
+    for r in run(bodies.cerar_in_pieces, 3):
+        assert r["exact"] < 1e-12 and 1e-6 < r["approx"] < 1e-2, r
+
+
 def test_shapes_views_average_cerar_and_auto():
     results = run(bodies.shapes_and_ops, 3)
     for r in results:

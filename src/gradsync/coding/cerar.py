@@ -449,9 +449,11 @@ class Worker:
         self._scratch = _zeros_like(flat, (2, self.m))
         self._last = self._scratch[0]                          # P_{j-1}(t-1); zero before round 1
 
-    def packet(self, t: int):
-        """The packet sent in round t: what arrived in round t - 1 plus F_j(t)."""
-        return self._last + self._sender[t - 1] @ self.own
+    def packet(self, t: int, start: int = 0, stop: int | None = None):
+        """The packet sent in round t: what arrived in round t - 1 plus F_j(t); or its
+        elements ``start:stop`` (a piece that can go as soon as that piece arrived)."""
+        stop = self.m if stop is None else stop
+        return self._last[start:stop] + self._sender[t - 1] @ self.own[:, start:stop]
 
     def receive(self, t: int):
         """Where round t's packet is received: kept for decoding once t >= N - 1."""

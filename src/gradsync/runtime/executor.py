@@ -191,23 +191,41 @@ def _design(schedule: Schedule):
 
 
 def _execute_coded(schedule: Schedule, flat: torch.Tensor, transport, deadline: float) -> torch.Tensor:
+    """CERAR in pieces: piece k of round t's packet leaves as soon as piece k of round t - 1
+    has arrived, so the rounds overlap instead of waiting for each other in lock step."""
     from ..coding import cerar
 
     if flat.numel() == 0:
         return flat
     worker = cerar.Worker(_design(schedule), transport.rank, flat)
     rounds = plan(schedule, transport.rank)
+    assert all(o.op == CODED for p in rounds for o in p.recvs + p.sends)
+    cuts = _pieces(worker.m, max(1, PIECE_BYTES // flat.element_size()))
 
-    def post(p):     # the codec's receive buffers for rounds t and t + 1 are distinct
-        return [transport.recv(worker.receive(p.round), o.peer, o.tag * MAX_PIECES) for o in p.recvs]
+    def post(p, k):          # piece k of round p's receive (the codec's buffers for t, t + 1 differ)
+        a, b = cuts[k]
+        return [transport.recv(worker.receive(p.round)[a:b], o.peer, o.tag * MAX_PIECES + k) for o in p.recvs]
 
-    arriving = post(rounds[0]) if rounds else []
+    pending = {0: [post(rounds[0], k) for k in range(len(cuts))]} if rounds else {}   # round -> pieces
+    sending = []
     for i, p in enumerate(rounds):
-        packets = [worker.packet(p.round) for _ in p.sends]          # new tensors: reads done
-        following = post(rounds[i + 1]) if i + 1 < len(rounds) else []
-        sending = [transport.send(pk, o.peer, o.tag * MAX_PIECES) for pk, o in zip(packets, p.sends)]
-        transport.wait(arriving + sending, deadline)
-        worker.received(p.round)
-        arriving = following
-    assert all(o.op == CODED for p in plan(schedule, transport.rank) for o in p.recvs + p.sends)
+        if i:
+            worker.received(rounds[i - 1].round)
+        following, now_sending = [], []
+        for k, (a, b) in enumerate(cuts):
+            if i:
+                transport.wait(pending[i - 1][k], deadline)      # piece k of round i - 1 is here
+            piece = worker.packet(p.round, a, b)                 # reads it: done with it
+            if i + 1 < len(rounds):
+                following.append(post(rounds[i + 1], k))         # which may reuse that buffer
+            now_sending += [transport.send(piece, o.peer, o.tag * MAX_PIECES + k) for o in p.sends]
+        transport.wait(sending, deadline)
+        sending = now_sending
+        pending.pop(i - 1, None)
+        if following:
+            pending[i + 1] = following
+    last = pending.get(len(rounds) - 1, [])
+    transport.wait([x for piece in last for x in piece] + sending, deadline)
+    if rounds:
+        worker.received(rounds[-1].round)
     return worker.result()
