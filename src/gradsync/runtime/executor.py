@@ -7,8 +7,9 @@ COPY receives land directly in the buffer when nothing in the round reads what t
 overwrite. The next round's receives are posted before this round's sends wherever that is
 safe: Gloo's sender holds its data until the receiver's ready notice arrives, and a notice
 sent at the start of its own round costs a round trip each round (on a shaped link, behind
-the receiver's outgoing data). Helper nodes (the host) run inside rank 0's process. Coded transfers (CERAR) take
-their packets from the codec's per-worker object. No per-element Python anywhere.
+the receiver's outgoing data). Helper nodes (the host) run inside rank 0's process. Coded
+transfers (CERAR) take their packets from the codec's per-worker object and run in pieces
+that overlap consecutive rounds. No per-element Python anywhere.
 """
 
 from __future__ import annotations

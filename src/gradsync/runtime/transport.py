@@ -146,7 +146,7 @@ class TorchTransport:
         if store is None:
             return own
         try:
-            store.set(f"{self.failure_key}/alive/{self.rank}", "1")    # for anyone's roll call
+            store.set(self._alive_key(self.rank), "1")    # for anyone's roll call
         except Exception:
             pass
         if own.peer is None:        # a collective step failed: find who is missing
@@ -189,7 +189,7 @@ class TorchTransport:
         """Whether ``rank`` checks in (it met the failure alive) within ``grace`` seconds."""
         until = time.monotonic() + grace
         try:
-            while not store.check([f"{self.failure_key}/alive/{rank}"]):
+            while not store.check([self._alive_key(rank)]):
                 if time.monotonic() >= until:
                     return False
                 time.sleep(0.02)
@@ -197,9 +197,13 @@ class TorchTransport:
         except Exception:
             return False
 
+    def _alive_key(self, rank: int) -> str:
+        """Where ``rank`` checks in once it has met this group's failure, alive."""
+        return f"{self.failure_key}/alive/{rank}"
+
     def _missing(self, store) -> list[int]:
         """Ranks that have not checked in since the group failed."""
-        return [r for r in range(self.size) if not store.check([f"{self.failure_key}/alive/{r}"])]
+        return [r for r in range(self.size) if not store.check([self._alive_key(r)])]
 
 
     def _roll_call(self, store, own: PeerError, until: float) -> PeerError:

@@ -129,9 +129,12 @@ def worker(workdir: Path) -> None:
     ddp.register_comm_hook(None, meter.hook)
     per_epoch = len(data.batches(len(split.y_train), cfg.batch_size, 0, cfg.seed))
     total = cfg.epochs * per_epoch
+    epoch_batches = (None, [])                           # (epoch, its batches): one shuffle per epoch
     while step < total:
         epoch, i = divmod(step, per_epoch)
-        batch = data.batches(len(split.y_train), cfg.batch_size, epoch, cfg.seed)[i]
+        if epoch_batches[0] != epoch:
+            epoch_batches = (epoch, data.batches(len(split.y_train), cfg.batch_size, epoch, cfg.seed))
+        batch = epoch_batches[1][i]
         idx = data.shard(batch, rank, world)
         optimizer.zero_grad()
         # summed, scaled by world / batch: after the hook's average, the global batch's mean
