@@ -53,11 +53,11 @@ def _agree(transport, description: dict, deadline: float) -> None:
     digest = torch.frombuffer(bytearray(hashlib.blake2b(text.encode(), digest_size=_SIGNATURE_BYTES).digest()),
                               dtype=torch.uint8)
     digests = transport.gather(digest, deadline)
-    if all(torch.equal(d, digests[0]) for d in digests):
+    if len({d.numpy().tobytes() for d in digests}) == 1:
         return
     raw = bytearray(text.encode()[:_DESCRIPTION_BYTES].ljust(_DESCRIPTION_BYTES, b" "))
     texts = [bytes(t.tolist()).decode(errors="replace").strip()
-             for t in transport.gather(torch.frombuffer(raw, dtype=torch.uint8), deadline)]
+             for t in transport.gather(torch.frombuffer(raw, dtype=torch.uint8), deadline, tag=1)]
     seen = [json.loads(t) if t.endswith("}") else {"description": t} for t in texts]
     diffs = []
     for key in sorted(set().union(*seen)):

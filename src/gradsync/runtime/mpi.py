@@ -56,8 +56,9 @@ class MpiTransport:
                 if spins > 100:              # after a short spin, stop burning the core
                     time.sleep(20e-6)
 
-    def gather(self, data: torch.Tensor, deadline: float) -> list[torch.Tensor]:
-        """Every rank's ``data`` (same-size bytes), by rank: an Allgather, without pickling."""
+    def gather(self, data: torch.Tensor, deadline: float, tag: int = 0) -> list[torch.Tensor]:
+        """Every rank's ``data`` (same-size bytes), by rank: an Allgather, without pickling
+        (MPI orders collectives itself, so ``tag`` is not needed)."""
         every = torch.empty((self.size, data.numel()), dtype=data.dtype)
         self.comm.Allgather(self._buffer(data), self._buffer(every))
         return list(every)
