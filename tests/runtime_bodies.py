@@ -237,3 +237,7 @@ def cerar_in_pieces(rank, workers):
     ref64, ref32 = reference(workers, n, torch.float64), reference(workers, n, torch.float32)
     return {"exact": ((exact - ref64).abs().max() / ref64.abs().max()).item(),
             "approx": ((approx.double() - ref32).norm() / ref32.norm()).item()}
+
+
+def openmp_threads(rank, workers):
+    return {"env": os.environ.get("OMP_NUM_THREADS"), "torch": torch.get_num_threads()}

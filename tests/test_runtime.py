@@ -1,5 +1,7 @@
 """Real all-reduce between local processes (Gloo over 127.0.0.1), against numpy/float64 sums."""
 
+import os
+
 import pytest
 
 import runtime_bodies as bodies
@@ -118,3 +120,14 @@ def test_workers_listen_on_loopback_only():
 def test_posting_to_a_peer_already_gone_is_a_peer_error():
     r = run(bodies.late_to_a_dead_peer, 2, timeout=60, tolerate=True)[0]
     assert isinstance(r, dict) and r["error"] is not None and r["peer"] == 1, r
+
+
+def test_local_workers_start_with_one_openmp_thread_and_the_parent_keeps_its_environment(monkeypatch):
+    # as torchrun does; OpenMP reads OMP_NUM_THREADS when torch loads, so it must be in the
+    # workers' environment from the start (set inside the worker, torch still ran 2 threads)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for r in run(bodies.openmp_threads, 2):
+        assert r == {"env": "1", "torch": 1}, r
+    assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")       # the user's choice is theirs
+    assert [r["env"] for r in run(bodies.openmp_threads, 2)] == ["2", "2"]

@@ -6,6 +6,7 @@ module is the embedded default for one machine.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue as queue_module
@@ -51,7 +52,6 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
         os.environ["GLOO_SOCKET_IFNAME"] = network.interface
     elif host == LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
                                 world_size=workers, timeout=datetime.timedelta(seconds=timeout))
@@ -80,6 +80,21 @@ def _check_out(rank: int, workers: int, grace: float = 3.0) -> None:
                 left = store.add("gradsync/checked_out", 0)
     except Exception:
         pass
+
+
+@contextlib.contextmanager
+def _one_openmp_thread():
+    """Children start with OMP_NUM_THREADS=1 unless the user set it, as torchrun does: N
+    processes each with an OpenMP pool the size of the machine oversubscribe its cores. It
+    has to be in their environment before torch loads (set inside the worker, as it was, torch
+    still ran 2 threads here)."""
+    preset = "OMP_NUM_THREADS" in os.environ
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        yield
+    finally:
+        if not preset:
+            del os.environ["OMP_NUM_THREADS"]
 
 
 def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False,
@@ -111,8 +126,9 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
         port = free_port(host)
     procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network),
                          daemon=True) for r in range(workers)]
-    for p in procs:
-        p.start()
+    with _one_openmp_thread():
+        for p in procs:
+            p.start()
     out, errors, done = [None] * workers, {}, set()
     deadline = time.monotonic() + timeout + 30
     try:
