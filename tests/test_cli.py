@@ -102,3 +102,19 @@ def test_every_command_has_help():
     for cmd in ([], ["compare"], ["simulate"], ["tune"]):
         run = gradsync(*cmd, "--help")
         assert run.returncode == 0 and "Usage:" in run.stdout
+
+
+def test_bench_over_gloo_sums_exactly_and_calibrate_feeds_its_predictions(tmp_path):
+    topology = tmp_path / "calibrated.json"
+    run = gradsync("calibrate", "--workers", "2", "--repeats", "3", "--out", str(topology))
+    assert run.returncode == 0, run.stderr[-2000:]
+    run = gradsync("bench", "--workers", "2", "--sizes", "4KB,100KB", "--iters", "7", "--algorithms",
+                   "ring,tree,cerar", "--topology", str(topology), "--format", "json")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(run.stdout)
+    assert sorted((r["bytes"], r["algorithm"]) for r in rows) == sorted(
+        (b, a) for b in (4000, 100000) for a in ("native", "ring", "tree", "cerar"))
+    for r in rows:
+        assert r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6), r
+        assert r["time_s"] > 0 and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])    # 2(N-1)/N = 1
+        assert r["predicted_s"] > 0 and r["prediction_error"] == pytest.approx(r["predicted_s"] / r["time_s"] - 1)

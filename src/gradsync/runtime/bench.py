@@ -18,6 +18,7 @@ from ..progress import bar as progress_bar
 from .api import all_reduce
 
 NATIVE = "native"
+BLOCK = 5          # timed calls in a row per algorithm
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int32": torch.int32}
 
 
@@ -34,6 +35,34 @@ def _inputs(rank: int, workers: int, elements: int, dtype: torch.dtype):
     for r in range(workers):
         reference += (base * (r + 1)).to(dtype).double()
     return mine, reference
+
+
+def time_in_blocks(calls: dict, total: int, barrier, before=None) -> dict:
+    """Seconds per call of each of ``calls`` (name -> callable), ``total`` timed calls each.
+
+    Blocks of BLOCK back-to-back calls, the callables taking turns block by block: each runs
+    in its steady state, as in a training loop, while the machine's slow and fast moments
+    (2 shared cores) still fall on all of them alike. Calling them in turn one call at a time,
+    as before, measured each just after a barrier and another engine's collective, a state
+    in which the same ring all-reduce took 1-3.5 ms instead of 0.4-0.8 ms (4 KB, N = 2). The
+    first call of each block is not timed; ``before(name)`` runs, untimed, before every call.
+
+    >>> t = time_in_blocks({"a": lambda: None}, 7, barrier=lambda: None)
+    >>> len(t["a"])
+    7
+    """
+    times = {name: [] for name in calls}
+    for block in range(-(-total // BLOCK)):
+        for name, fn in calls.items():
+            barrier()
+            for call in range(1 + min(BLOCK, total - block * BLOCK)):
+                if before is not None:
+                    before(name)
+                start = time.perf_counter()
+                fn()
+                if call:
+                    times[name].append(time.perf_counter() - start)
+    return times
 
 
 class TorchEngine:
@@ -91,22 +120,14 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
         mine, reference = _inputs(rank, workers, elements, dtype)
         names_here = [NATIVE] + list(names)
         bufs = {name: mine.clone() for name in names_here}
-        times = {name: [] for name in names_here}
         calls = {name: engine.native(bufs[name]) if name == NATIVE else
                  engine.ours(name, bufs[name], timeout, options.get(name, {})) for name in names_here}
-        # Interleaved: every iteration runs each algorithm once, so that the machine's slow and
-        # fast moments (2 shared cores) fall on all of them alike. The first round warms up.
-        for i in range(1 + (iters or default_iters(nbytes))):
-            for name in names_here:
-                bufs[name].copy_(mine)
-                engine.barrier()
-                start = time.perf_counter()
-                calls[name]()
-                times[name].append(time.perf_counter() - start)
+        times = time_in_blocks(calls, iters or default_iters(nbytes), engine.barrier,
+                               before=lambda name: bufs[name].copy_(mine))
         scale = reference.abs().max().item() or 1.0
         for name in names_here:
             error = (bufs[name].double() - reference).abs().max().item() / scale if elements else 0.0
-            stats = engine.max(torch.tensor([statistics.median(times[name][1:]), error], dtype=torch.float64))
+            stats = engine.max(torch.tensor([statistics.median(times[name]), error], dtype=torch.float64))
             t = stats[0].item()
             algbw = nbytes / t if t > 0 else 0.0
             rows.append({"algorithm": name, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,

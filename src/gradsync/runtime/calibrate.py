@@ -1,8 +1,8 @@
 """Measure the local workers and write a topology the simulator, ``tune`` and "auto" can use.
 
 The model is fitted to the runtime as it behaves, not to raw sockets: ring all-reduce times
-T(n) at sizes from 256 KB to 64 MB (measured in interleaved passes, so that the shared
-machine's slow moments fall on all sizes alike) are fitted to T = A + B n by least squares on relative error
+T(n) at sizes from 256 KB to 64 MB (measured as ``gradsync bench`` measures: blocks of
+back-to-back calls, the sizes taking turns) are fitted to T = A + B n by least squares on relative error
 (the error the predictions are judged by), then the ring's closed form gives the per-round
 latency alpha = A / 2(N-1) and, less the adds measured locally, the bandwidth. Gloo's
 per-message costs are thus in alpha.
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from .api import all_reduce
+from .bench import time_in_blocks
 
 LARGE_BYTES = 32 << 20
 FIT_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -44,15 +45,9 @@ def worker(rank: int, workers: int, repeats: int) -> dict | None:
     g, m = torch.randn(16, 1 << 18), torch.randn(22, 16)
     madd_rate = 22 * 16 * g.shape[1] / _median_time(lambda: m @ g, repeats, barrier=False)
     bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
-    samples = [[] for _ in FIT_BYTES]
-    for i in range(repeats + 1):
-        for k, buf in enumerate(bufs):
-            dist.barrier()
-            start = time.perf_counter()
-            all_reduce(buf, check=False)
-            if i:                                   # the first pass warms up
-                samples[k].append(time.perf_counter() - start)
-    times = [statistics.median(s) for s in samples]
+    calls = {k: (lambda buf=buf: all_reduce(buf, check=False)) for k, buf in enumerate(bufs)}
+    samples = time_in_blocks(calls, repeats, dist.barrier, before=lambda k: bufs[k].div_(workers))  # stays finite
+    times = [statistics.median(samples[k]) for k in range(len(bufs))]
     stats = torch.tensor(times + [-add_rate, -madd_rate], dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)       # slowest rank; rates: the lowest
     if rank:
