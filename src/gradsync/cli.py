@@ -414,7 +414,7 @@ def calibrate(workers, out, repeats, fmt):
         _print_table(["", "value"], [["latency per round", format_time(f["round_latency_s"])],
                                      ["bandwidth per direction", f"{f['bandwidth_Bps'] / 1e9:.3g} GB/s"],
                                      ["adds per second", f"{f['add_rate']:.3g}"],
-                                     ["multiply-adds per second (small GEMM)", f"{f['madd_rate']:.3g}"]])
+                                     ["multiply-adds per second (CERAR codec)", f"{f['madd_rate']:.3g}"]])
         click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
 
     _emit(fmt, fit, render)
