@@ -397,15 +397,16 @@ def _bench_under_torchrun(bench_mod, args):
 @click.option("--out", "-o", default="calibrated.json", show_default=True,
               help="Topology file to write (.json or .yaml).")
 @click.option("--repeats", type=click.IntRange(3, 1000), default=10, show_default=True)
+@click.option("--launches", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Separate process groups to measure; their medians are fitted.")
 @format_option
-def calibrate(workers, out, repeats, fmt):
+def calibrate(workers, out, repeats, launches, fmt):
     """Measure latency, bandwidth and compute between local workers; write a topology file."""
     from .runtime import calibrate as cal
-    from .runtime.launch import run
 
     if not out.endswith((".json", ".yaml", ".yml")):
         raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
-    fit = run(cal.worker, workers, repeats)[0]
+    fit = cal.calibrate(workers, repeats, launches)
     path = cal.write(fit, out)
     fit["topology_file"] = str(path)
 

@@ -70,7 +70,8 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
 
 
 def worker(rank: int, workers: int, repeats: int) -> dict | None:
-    """One rank's measurements; rank 0 returns the fitted parameters."""
+    """One rank's measurements; rank 0 returns them for every rank (times: the slowest
+    rank's; rates: the lowest)."""
     torch.set_num_threads(1)
     a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
     add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
@@ -80,11 +81,27 @@ def worker(rank: int, workers: int, repeats: int) -> dict | None:
     samples = time_in_blocks(calls, repeats, dist.barrier, before=lambda k: bufs[k].div_(workers))  # stays finite
     times = [statistics.median(samples[k]) for k in range(len(bufs))]
     stats = torch.tensor(times + [-add_rate, -madd_rate], dtype=torch.float64)
-    dist.all_reduce(stats, op=dist.ReduceOp.MAX)       # slowest rank; rates: the lowest
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     if rank:
         return None
-    times, add_rate, madd_rate = stats[:-2].tolist(), -stats[-2].item(), -stats[-1].item()
-    return fit(workers, list(FIT_BYTES), times, add_rate, madd_rate)
+    return {"times": stats[:-2].tolist(), "add_rate": -stats[-2].item(), "madd_rate": -stats[-1].item()}
+
+
+def calibrate(workers: int, repeats: int = 10, launches: int = 3) -> dict:
+    """Measure ``workers`` local workers in ``launches`` separate process groups and fit the
+    medians: on a shared machine a process group settles into a fast or a slow state for its
+    whole life (here 0.5 ms or 2 ms per 1 MB ring all-reduce), so one launch can mislead.
+
+    Example: ``calibrate(4)["round_latency_s"]``.
+    """
+    from .launch import run
+
+    runs = [run(worker, workers, repeats)[0] for _ in range(launches)]
+    times = [statistics.median(r["times"][k] for r in runs) for k in range(len(FIT_BYTES))]
+    result = fit(workers, list(FIT_BYTES), times, statistics.median(r["add_rate"] for r in runs),
+                 statistics.median(r["madd_rate"] for r in runs))
+    result["launches"] = runs
+    return result
 
 
 def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
