@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 import gradsync
+from gradsync.errors import GradsyncError
 from gradsync.runtime import KVStore, all_reduce_coalesced
 
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
@@ -241,3 +242,22 @@ def cerar_in_pieces(rank, workers):
 
 def openmp_threads(rank, workers):
     return {"env": os.environ.get("OMP_NUM_THREADS"), "torch": torch.get_num_threads()}
+
+
+def elastic_agreement(rank, workers, weight_nudge, step_nudge):
+    """The elastic workers' post-recovery check on identical replicas, except that rank 1
+    nudges one weight by ``weight_nudge`` and its step by ``step_nudge``."""
+    from gradsync.training import elastic
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()                       # creates the momentum buffers the digest covers
+    if rank == 1:
+        with torch.no_grad():
+            model.weight[0, 0] += weight_nudge
+    try:
+        return {"digest": elastic._agree(model, optimizer, 7 + (step_nudge if rank == 1 else 0))}
+    except GradsyncError as exc:
+        return {"error": str(exc)}

@@ -6,7 +6,9 @@ import sys
 import pytest
 import torch
 
+import runtime_bodies as bodies
 from gradsync.errors import ConfigError
+from gradsync.runtime import run
 from gradsync.training import elastic
 from gradsync.training.train import TrainConfig
 
@@ -64,3 +66,13 @@ def test_elastic_cli_errors_are_one_line():
         run = subprocess.run([sys.executable, "-m", "gradsync", "train", *argv], capture_output=True, text=True,
                              timeout=60)
         assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run
+
+
+@pytest.mark.parametrize("weight_nudge, step_nudge", [(1e-6, 0), (0.0, 1)])
+def test_replicas_that_disagree_after_recovery_are_refused_on_every_rank(weight_nudge, step_nudge):
+    same = run(bodies.elastic_agreement, 3, 0.0, 0)
+    assert len({r["digest"] for r in same}) == 1, same
+    for r in run(bodies.elastic_agreement, 3, weight_nudge, step_nudge):
+        assert "replicas disagree after recovery: ranks [1] differ from rank 0" in r.get("error", ""), r
+    if step_nudge:
+        assert "1: 8" in r["error"] and "0: 7" in r["error"], r
