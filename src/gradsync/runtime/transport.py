@@ -204,11 +204,13 @@ class TorchTransport:
         return int(peer), text
 
     def _checked_in(self, store, rank: int, grace: float) -> bool:
-        """Whether ``rank`` checks in (it met the failure alive) within ``grace`` seconds."""
+        """Whether ``rank`` checks in (it met the failure alive) within ``grace`` seconds.
+        No need to wait the whole grace once every other rank has checked in: a survivor
+        checks in before its connections can close, so ``rank`` alone missing is gone."""
         until = time.monotonic() + grace
         try:
             while not store.check([self._alive_key(rank)]):
-                if time.monotonic() >= until:
+                if time.monotonic() >= until or self._missing(store) == [rank]:
                     return False
                 time.sleep(0.02)
             return True
