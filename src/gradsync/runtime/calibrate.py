@@ -50,23 +50,21 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
     """
     from .. import algorithms
     from ..coding import cerar
-    from .executor import PIECE_BYTES, _design, _pieces
+    from .executor import _design, _pieces, piece_elements
 
     schedule = algorithms.build("cerar", max(workers, 2), elements, dtype="float32")
     design = _design(schedule)
     flat = torch.randn(elements)
-    c = design.components
 
-    def codec():
+    def codec():             # what _execute_coded does between its transfers
         w = cerar.Worker(design, rank, flat)
-        cuts = _pieces(w.m, PIECE_BYTES // flat.element_size())
         for t in range(1, design.rounds + 1):
-            for a, b in cuts:
+            for a, b in _pieces(w.m, piece_elements(flat)):
                 w.packet(t, a, b)
             w.received(t)
         w.result()
-    m = -(-elements // c)
-    return (design.rounds * c * m + 2 * c * c * m) / _median_time(codec, repeats, barrier=False)
+    madds = schedule.compute["madds"][schedule.compute["node"] == rank].sum()    # the simulator's count
+    return float(madds) / _median_time(codec, repeats, barrier=False)
 
 
 def worker(rank: int, workers: int, repeats: int) -> dict | None:

@@ -129,7 +129,7 @@ def run_rounds(schedule: Schedule, buffers: dict, transport, deadline: float,
     rounds = plan(schedule, rank, ops)
     spaces = [_scratch(schedule, rank, flat.dtype, flat.device, max((p.scratch for p in rounds[k::2]), default=0), k)
               for k in (0, 1)]
-    piece = max(1, PIECE_BYTES // flat.element_size())
+    piece = piece_elements(flat)
     posted = _post_receives(rounds[0], buffers, spaces[0], piece, transport) if rounds else []
     for i, p in enumerate(rounds):
         arriving, posted = posted, None      # (pending, op, target, data) per piece
@@ -171,6 +171,11 @@ def _post_receives(p: RoundPlan, buffers: dict, scratch: torch.Tensor, piece: in
     return arriving
 
 
+def piece_elements(flat: torch.Tensor) -> int:
+    """The least piece a transfer of ``flat``'s elements is cut into (PIECE_BYTES of them)."""
+    return max(1, PIECE_BYTES // flat.element_size())
+
+
 def _pieces(count: int, piece: int) -> list[tuple[int, int]]:
     """Cut ``count`` elements in at most PIECES near-equal pieces of at least about ``piece``."""
     parts = min(PIECES, max(1, count // piece))
@@ -201,7 +206,7 @@ def _execute_coded(schedule: Schedule, flat: torch.Tensor, transport, deadline: 
     worker = cerar.Worker(_design(schedule), transport.rank, flat)
     rounds = plan(schedule, transport.rank)
     assert all(o.op == CODED for p in rounds for o in p.recvs + p.sends)
-    cuts = _pieces(worker.m, max(1, PIECE_BYTES // flat.element_size()))
+    cuts = _pieces(worker.m, piece_elements(flat))
 
     def post(p, k):          # piece k of round p's receive (the codec's buffers for t, t + 1 differ)
         a, b = cuts[k]

@@ -134,12 +134,10 @@ class TorchTransport:
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
         work = _post(dist.irecv, tensor, self._global[peer], group=self.group, tag=tag)
-        _recent.append(work)
         return Pending(work, peer, "recv", tag)
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
         work = _post(dist.isend, tensor, self._global[peer], group=self.group, tag=tag)
-        _recent.append(work)
         return Pending(work, peer, "send", tag)
 
     def wait(self, pending: list[Pending], deadline: float) -> None:
@@ -267,10 +265,13 @@ class _Failed:
 
 
 def _post(fn, *args, **kwargs):
+    """Post a send or receive; its Work object is also kept in ``_recent`` for a while."""
     try:
-        return fn(*args, **kwargs)
+        work = fn(*args, **kwargs)
     except (RuntimeError, dist.DistBackendError) as exc:
         return _Failed(exc)
+    _recent.append(work)
+    return work
 
 
 def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
