@@ -9,21 +9,22 @@ from .runtime.api import all_reduce
 
 def comm_hook(algorithm: str = "ring", timeout: float | None = None, **options):
     """A hook for ``DistributedDataParallel.register_comm_hook`` averaging each gradient bucket
-    with ``algorithm`` (exact ones, or "cerar" with its options).
+    with ``algorithm`` (exact ones, "auto", or "cerar" with its options).
 
-    ``state`` passed at registration is the process group (or None for the default one).
+    The hook starts the bucket's all-reduce and returns its future at once, without waiting:
+    the collective runs on gradsync's progress thread while backward goes on computing the
+    next buckets, as DDP's own all-reduce does. ``state`` passed at registration is the
+    process group (or None for the default one).
 
     Example::
 
         model = DistributedDataParallel(net)
         model.register_comm_hook(None, comm_hook("halving_doubling"))
     """
-    def hook(state, bucket):
-        tensor = bucket.buffer()
-        all_reduce(tensor, algorithm=algorithm, op="avg", group=state, timeout=timeout, **options)
-        future = torch.futures.Future()
-        future.set_result(tensor)
-        return future
+    def hook(state, bucket) -> torch.futures.Future:
+        work = all_reduce(bucket.buffer(), algorithm=algorithm, op="avg", group=state, timeout=timeout,
+                          async_op=True, **options)
+        return work.get_future()
 
     hook.__name__ = f"gradsync_{algorithm}_hook"
     return hook

@@ -2,95 +2,133 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from .. import algorithms
-from ..errors import ConfigError, MismatchError
-from .executor import execute
-from .transport import TorchTransport
+from ..errors import ConfigError
+from ..plan import Plan, compile_plan
+from ..schedule import CODED, COPY, REDUCE, Schedule
+from .agree import Agreement, agree, digest, seen_before
+from .collective import Collective, node_buffers
+from .transport import DistributedTransport
 
 OPS = ("sum", "avg")
 DEFAULT_TIMEOUT = float(os.environ.get("GRADSYNC_TIMEOUT", 60.0))
-_SIGNATURE_BYTES = 16
-_DESCRIPTION_BYTES = 512
+PLAN_CACHE = 64
 _SUPPORTED = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
               torch.int16, torch.int32, torch.int64}
 
 
-def _frozen(options: dict) -> str:
+class Compiled(NamedTuple):
+    schedule: Schedule
+    plan: Plan
+    design: object      # the codec's design (CERAR), or None
+
+
+def frozen(options: dict) -> str:
+    """Options as canonical text, for cache keys and agreement: ``frozen({"b": 1, "a": 2})``."""
     return json.dumps(options, sort_keys=True, default=str)
 
 
-@lru_cache(maxsize=128)
-def _schedule(algorithm: str, workers: int, elements: int, dtype: str, frozen_options: str):
+@lru_cache(maxsize=PLAN_CACHE)
+def compiled(algorithm: str, workers: int, elements: int, dtype: str, frozen_options: str, rank: int,
+             ops: tuple = (REDUCE, COPY, CODED)) -> Compiled:
+    """The schedule, this rank's plan and the codec's design of one collective, by value
+    (a training loop compiles once per bucket; the cache holds PLAN_CACHE of them).
+
+    >>> c = compiled("ring", 4, 1000, "float32", "{}", 1)
+    >>> c.schedule.rounds, len(c.plan.sends)
+    (6, 6)
+    """
     options = json.loads(frozen_options)
-    return algorithms.build(algorithm, workers, elements, dtype=dtype if dtype in ("float32", "float64") else None,
-                            **options)
+    schedule = algorithms.build(algorithm, workers, elements, dtype=dtype if dtype in ("float32", "float64") else None,
+                                **options)
+    itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    design = None
+    if schedule.codec is not None:
+        from ..coding import cerar
+        design = cerar.Design.from_dict(schedule.codec)
+    return Compiled(schedule, compile_plan(schedule, rank, itemsize, ops), design)
 
 
-def _pick(tensor: torch.Tensor, workers: int) -> tuple[str, dict]:
-    """``algorithm="auto"``: the least predicted time on the calibrated topology, if any."""
+def pick(tensor: torch.Tensor, workers: int) -> tuple[str, dict]:
+    """``algorithm="auto"``: the least predicted time on the topology in GRADSYNC_TOPOLOGY (a
+    calibrated file) or the ethernet preset; cached by the topology's value and the size.
+
+    Example: ``pick(torch.ones(1 << 20), 4)`` gives ``("ring", {...})`` or another algorithm.
+    """
+    path = os.environ.get("GRADSYNC_TOPOLOGY", "")
+    stamp = os.stat(path).st_mtime_ns if path and os.path.exists(path) else 0
+    return _pick(path, stamp, workers, tensor.numel() * tensor.element_size(), tensor.element_size(),
+                 str(tensor.dtype).removeprefix("torch."))
+
+
+@lru_cache(maxsize=1024)
+def _pick(path: str, stamp: int, workers: int, nbytes: int, itemsize: int, dtype: str) -> tuple[str, dict]:
     from ..topology import preset, resolve
     from ..tune import choose
 
-    path = os.environ.get("GRADSYNC_TOPOLOGY")
     topology = resolve(path, workers) if path else preset("ethernet", workers=workers)
-    picked = choose(topology, tensor.numel() * tensor.element_size(), tensor.element_size())
+    picked = choose(topology, nbytes, itemsize, dtype=dtype if dtype in ("float32", "float64") else "float32")
     return picked.algorithm, picked.kwargs()
 
 
-def _agree(transport, description: dict, deadline: float) -> None:
-    """All ranks check, before any data moves, that they run the same collective (over any
-    transport with ``gather``: fixed-size bytes, never pickled objects)."""
-    text = json.dumps(description, sort_keys=True)
-    digest = torch.frombuffer(bytearray(hashlib.blake2b(text.encode(), digest_size=_SIGNATURE_BYTES).digest()),
-                              dtype=torch.uint8)
-    digests = transport.gather(digest, deadline)
-    if len({d.numpy().tobytes() for d in digests}) == 1:
-        return
-    raw = bytearray(text.encode()[:_DESCRIPTION_BYTES].ljust(_DESCRIPTION_BYTES, b" "))
-    texts = [bytes(t.tolist()).decode(errors="replace").strip()
-             for t in transport.gather(torch.frombuffer(raw, dtype=torch.uint8), deadline, tag=1)]
-    seen = [json.loads(t) if t.endswith("}") else {"description": t} for t in texts]
-    diffs = []
-    for key in sorted(set().union(*seen)):
-        values = [s.get(key) for s in seen]
-        if any(v != values[0] for v in values):
-            groups = {}
-            for r, v in enumerate(values):
-                groups.setdefault(json.dumps(v), []).append(r)
-            diffs.append(f"{key}: " + "; ".join(f"rank(s) {ranks} have {v}" for v, ranks in groups.items()))
-    raise MismatchError(f"rank {transport.rank}: ranks disagree on the collective, nothing was sent: "
-                        + " | ".join(diffs))
+class Work:
+    """An all-reduce in flight (``all_reduce(..., async_op=True)``), like torch.distributed's Work.
+
+    Example, in each rank::
+
+        work = gradsync.all_reduce(grad, algorithm="ring", async_op=True)
+        ...                      # compute on, without touching grad
+        work.wait()              # grad now holds the sum (PeerError if a peer failed)
+    """
+
+    def __init__(self, future: torch.futures.Future):
+        self._future = future
+
+    def wait(self) -> torch.Tensor:
+        """Block until done; return the tensor, or raise the collective's error."""
+        return self._future.wait()
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future:
+        """The future of the result tensor (what a DDP communication hook returns)."""
+        return self._future
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
-               check_finite: bool = False, **options) -> torch.Tensor:
+               check_finite: bool = False, async_op: bool = False, **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
     Like ``torch.distributed.all_reduce``: every rank calls it with a tensor of the same shape
-    and dtype. ``algorithm`` is a registry name or "auto"; ``options`` go to the algorithm
-    (``components=16`` for CERAR). Before any data moves the ranks agree on shape, dtype,
-    algorithm and options (``check``); a mismatch raises ``MismatchError`` on every rank. A
-    peer that fails or stalls raises ``PeerError`` within ``timeout`` seconds, on every rank,
-    naming the rank that failed; ``stall_warning`` seconds logs a warning naming the peer
-    still awaited (a straggler) before that. ``check_finite`` adds to the agreement whether
-    each rank's tensor is free of NaN and Inf: if one is not, every rank raises
-    ``MismatchError`` naming it, before anything is summed (off by default: it reads the
-    tensor once more).
+    and dtype, in the same order. ``algorithm`` is a registry name or "auto"; ``options`` go
+    to the algorithm (``components=16`` for CERAR). ``async_op=True`` returns a ``Work`` at
+    once (``wait()``, ``get_future()``) while the collective runs on gradsync's progress
+    thread; leave the tensor alone until it completes.
+
+    The ranks agree on shape, dtype, algorithm and options (``check``) before anything
+    received is used; a mismatch raises ``MismatchError`` on every rank. A peer that fails or
+    stalls raises ``PeerError`` within ``timeout`` seconds, on every rank, naming the rank
+    that failed; ``stall_warning`` seconds logs a warning naming the peer still awaited (a
+    straggler) before that. ``check_finite`` adds to the agreement whether each rank's tensor
+    is free of NaN and Inf: if one is not, every rank raises ``MismatchError`` naming it,
+    before anything is summed (off by default: it reads the tensor once more).
 
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
 
         grad = torch.ones(1000)
         gradsync.all_reduce(grad, algorithm="halving_doubling", op="avg")
+        work = gradsync.all_reduce(grad, algorithm="ring", async_op=True); work.wait()
     """
     timeout = check_call(tensor, op, timeout)
     if not dist.is_initialized():
@@ -99,11 +137,14 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
         raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout
-    transport = TorchTransport(group, stall_warning)
+    transport = DistributedTransport(group, stall_warning)
     try:
-        return run_all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options)
-    finally:
+        collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options)
+    except BaseException:
         transport.close()
+        raise
+    future = collective.start(inline=not async_op)
+    return Work(future) if async_op else future.wait()
 
 
 def check_call(tensor, op: str, timeout) -> float:
@@ -122,28 +163,67 @@ def check_call(tensor, op: str, timeout) -> float:
     return float(timeout)
 
 
-def run_all_reduce(tensor, algorithm, op, transport, deadline, check, check_finite, options):
-    """The engine-independent part: agree, look the schedule up, execute, average, copy back."""
+def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite=False,
+            options=None) -> Collective:
+    """The engine-independent part of an all-reduce: choose, compile (cached), and set up the
+    agreement; returns the ``Collective`` to start. Bad input raises here, before anything
+    is posted.
+
+    Example, with any transport: ``prepare(grad, "ring", "sum", transport, deadline).start().wait()``.
+    """
+    options = dict(options or {})
     workers = transport.size
     if algorithm == "auto":
-        algorithm, picked = _pick(tensor, workers)
+        algorithm, picked = pick(tensor, workers)
         options = {**picked, **options}
     dtype = str(tensor.dtype).removeprefix("torch.")
     if algorithm == "cerar" and dtype not in ("float32", "float64"):
         raise ConfigError(f"algorithm 'cerar' needs float32 or float64 tensors, got {dtype}")
-    if check or check_finite:
-        description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
-                       "options": json.loads(_frozen(options)), "device": tensor.device.type}
-        if check_finite:
-            description["finite"] = bool(torch.isfinite(tensor).all()) if tensor.is_floating_point() else True
-        _agree(transport, description, deadline)
-    if workers == 1:
-        return tensor
-    schedule = _schedule(algorithm, workers, tensor.numel(), dtype, _frozen(options))
+    frozen_options = frozen(options)
+    description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
+                   "options": json.loads(frozen_options), "device": tensor.device.type}
+    if check_finite:
+        description["finite"] = bool(torch.isfinite(tensor).all()) if tensor.is_floating_point() else True
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    result = execute(schedule, flat, transport, deadline)
-    if op == "avg":
-        result.div_(workers)
-    if result.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        tensor.copy_(result.view(tensor.shape))
-    return tensor
+    compiled_ = compiled(algorithm, max(workers, 1), tensor.numel(), dtype, frozen_options, transport.rank) \
+        if workers > 1 else None
+    agreement = None
+    if check or check_finite:
+        group_key = getattr(transport, "failure_key", "")
+        if workers > 1 and seen_before(group_key, description) and not check_finite:
+            agreement = Agreement(transport, description)     # rides along with the data
+        else:
+            agree(transport, description, deadline)           # first time: before anything moves
+            seen_before(group_key, description)
+
+    def finish(result: torch.Tensor) -> torch.Tensor:
+        if op == "avg":
+            result.div_(workers)
+        if result.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+            tensor.copy_(result.view(tensor.shape))
+        return tensor
+
+    if compiled_ is None:
+        return _Done(tensor, transport)
+    return Collective(compiled_.schedule, compiled_.plan, node_buffers(compiled_.schedule, transport.rank, flat),
+                      transport, deadline, agreement, finish, salt=int.from_bytes(digest(description)[:4], "little"),
+                      design=compiled_.design)
+
+
+class _Done:
+    """A one-rank group's all-reduce: nothing to move."""
+
+    def __init__(self, tensor, transport):
+        self.tensor, self.transport = tensor, transport
+
+    def start(self, inline: bool = False) -> torch.futures.Future:
+        self.transport.close()
+        future = torch.futures.Future()
+        future.set_result(self.tensor)
+        return future
+
+
+def run_all_reduce(tensor, algorithm, op, transport, deadline, check=True, check_finite=False, options=None):
+    """Prepare and run an all-reduce to the end in this thread (engines without a progress
+    thread of their own, e.g. MPI); return the tensor."""
+    return prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options).start(inline=True).wait()

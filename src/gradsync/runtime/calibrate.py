@@ -48,19 +48,18 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
     >>> codec_madd_rate(0, 2, 3, elements=1 << 12) > 0
     True
     """
-    from .. import algorithms
     from ..coding import cerar
-    from .executor import _design, _pieces, piece_elements
+    from .api import compiled
 
-    schedule = algorithms.build("cerar", max(workers, 2), elements, dtype="float32")
-    design = _design(schedule)
+    c = compiled("cerar", max(workers, 2), elements, "float32", "{}", rank % max(workers, 2))
+    schedule, design = c.schedule, c.design
     flat = torch.randn(elements)
 
-    def codec():             # what _execute_coded does between its transfers
+    def codec():             # what the collective does between its transfers: the plan's pieces
         w = cerar.Worker(design, rank, flat)
+        for send in c.plan.sends:
+            w.packet(send.round, send.offset, send.offset + send.count)
         for t in range(1, design.rounds + 1):
-            for a, b in _pieces(w.m, piece_elements(flat)):
-                w.packet(t, a, b)
             w.received(t)
         w.result()
     madds = schedule.compute["madds"][schedule.compute["node"] == rank].sum()    # the simulator's count

@@ -19,9 +19,10 @@ import torch
 from .. import algorithms
 from ..errors import ConfigError
 from ..schedule import COPY, REDUCE, Schedule, complete_segments
-from .api import DEFAULT_TIMEOUT, _agree
-from .executor import node_buffers, run_rounds
-from .transport import TorchTransport
+from .agree import agree
+from .api import DEFAULT_TIMEOUT, compiled
+from .collective import Collective, node_buffers
+from .transport import DistributedTransport
 
 STRATEGIES = ("central", "host", "sharded", "ring", "tree", "halving_doubling")
 
@@ -61,7 +62,7 @@ class KVStore:
             raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.strategy, self.updater, self.group = strategy, updater, group
         self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
-        self.transport = TorchTransport(group)
+        self.transport = DistributedTransport(group)
         self._entries: dict = {}
 
     def _deadline(self):
@@ -73,7 +74,7 @@ class KVStore:
             raise ConfigError(f"key {key!r} is already initialized")
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             raise ConfigError(f"value of key {key!r} must be a float tensor")
-        _agree(self.transport, {"kv": "init", "key": str(key), "shape": list(value.shape),
+        agree(self.transport, {"kv": "init", "key": str(key), "shape": list(value.shape),
                                 "dtype": str(value.dtype), "strategy": self.strategy}, self._deadline())
         schedule = algorithms.build(self.strategy, self.transport.size, value.numel())
         buffers = node_buffers(schedule, self.transport.rank, value.detach().reshape(-1).clone())
@@ -101,9 +102,9 @@ class KVStore:
             self._entry(key, v)
             total += v.detach().reshape(-1)
         deadline = self._deadline()
-        _agree(self.transport, {"kv": "push", "key": str(key), "shape": list(entry.shape)}, deadline)
+        agree(self.transport, {"kv": "push", "key": str(key), "shape": list(entry.shape)}, deadline)
         work = {node: (total if node == self.transport.rank else torch.zeros_like(total)) for node in entry.buffers}
-        run_rounds(entry.schedule, work, self.transport, deadline, ops=(REDUCE,))
+        self._run(entry, work, deadline, REDUCE)
         for node, segments in _owned(entry.schedule).items():
             if node not in entry.buffers:
                 continue
@@ -119,11 +120,18 @@ class KVStore:
         """Copy ``key``'s stored value into ``out`` on every worker."""
         entry = self._entry(key, out)
         deadline = self._deadline()
-        _agree(self.transport, {"kv": "pull", "key": str(key), "shape": list(entry.shape)}, deadline)
+        agree(self.transport, {"kv": "pull", "key": str(key), "shape": list(entry.shape)}, deadline)
         view = {node: buf.clone() for node, buf in entry.buffers.items()}
-        run_rounds(entry.schedule, view, self.transport, deadline, ops=(COPY,))
+        self._run(entry, view, deadline, COPY)
         out.copy_(view[self.transport.rank].view(entry.shape))
         return out
+
+    def _run(self, entry: _Entry, buffers: dict, deadline: float, op: int) -> None:
+        """Run only the schedule's ``op`` transfers (REDUCE for push, COPY for pull) on ``buffers``."""
+        dtype = str(buffers[self.transport.rank].dtype).removeprefix("torch.")
+        plan = compiled(self.strategy, self.transport.size, entry.schedule.elements, dtype, "{}",
+                        self.transport.rank, (op,)).plan
+        Collective(entry.schedule, plan, buffers, self.transport, deadline).start(inline=True).wait()
 
     def pushpull(self, key, value, out: torch.Tensor) -> torch.Tensor:
         """Push then pull: the common training step."""

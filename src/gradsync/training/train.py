@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..runtime import api
 from ..progress import bar as progress_bar
 from ..runtime.launch import run
+from ..torch import comm_hook
 from . import data, models
 
 
@@ -61,11 +62,16 @@ class TrainConfig:
 
 
 class SyncMeter:
-    """The DDP comm hook, and what it measured since the last ``reset``."""
+    """Wraps gradsync's public DDP hook (``gradsync.torch.comm_hook``) and measures, since the
+    last ``reset``, each bucket's synchronization: the time from starting its all-reduce to its
+    completion (overlapping backward, so these add up to more than the step's wall time can
+    show), the bytes this worker sends (counted from the schedule), and for approximate
+    algorithms the error against the exact average."""
 
     def __init__(self, cfg: TrainConfig, rank: int, workers: int):
         self.cfg, self.rank, self.workers = cfg, rank, workers
-        self.approximate = cfg.algorithm == "cerar"
+        self.approximate = not algorithms.get(cfg.algorithm).exact if cfg.algorithm != "auto" else False
+        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, **cfg.options())
         self.reset()
 
     def reset(self):
@@ -84,18 +90,21 @@ class SyncMeter:
             self.measure_s += time.perf_counter() - t0
         algorithm, options = self.cfg.algorithm, self.cfg.options()
         if algorithm == "auto":
-            algorithm, options = api._pick(tensor, self.workers)
+            algorithm, options = api.pick(tensor, self.workers)
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        schedule = api.compiled(algorithm, self.workers, tensor.numel(), dtype, api.frozen(options), self.rank).schedule
         start = time.perf_counter()
-        api.all_reduce(tensor, algorithm=algorithm, op="avg", timeout=self.cfg.timeout, **options)
-        self.sync_s += time.perf_counter() - start
-        schedule = api._schedule(algorithm, self.workers, tensor.numel(), "float32", api._frozen(options))
-        self.bytes += int(schedule.elements_sent()[self.rank]) * tensor.element_size()
-        if exact is not None:
-            self.err_sq += float((tensor - exact).pow(2).sum())
-            self.exact_sq += float(exact.pow(2).sum())
-        future = torch.futures.Future()
-        future.set_result(tensor)
-        return future
+
+        def done(future):
+            result = future.value()
+            self.sync_s += time.perf_counter() - start
+            self.bytes += int(schedule.elements_sent()[self.rank]) * tensor.element_size()
+            if exact is not None:
+                self.err_sq += float((result - exact).pow(2).sum())
+                self.exact_sq += float(exact.pow(2).sum())
+            return result
+
+        return self.sync(state, bucket).then(done)
 
 
 def _replica_spread(model) -> float:

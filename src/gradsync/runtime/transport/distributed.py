@@ -1,7 +1,7 @@
-"""Point-to-point transport: post receive, post send, wait with a deadline.
+"""The torch.distributed transport: post receive, post send, wait with a deadline.
 
-The executor talks only to this interface; ``TorchTransport`` implements it over
-torch.distributed (Gloo on CPU, NCCL on GPU). Failures become ``PeerError`` naming the peer.
+``DistributedTransport`` implements the transport protocol over torch.distributed (Gloo on
+CPU, NCCL on GPU). Failures become ``PeerError`` naming the peer.
 
 So that every survivor names the rank that actually failed, not just the neighbour it was
 blocked on, failures are published in the group's rendezvous store: a rank that sees a
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..errors import PeerError
+from ...errors import PeerError
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Pending:
 
 
 log = logging.getLogger("gradsync")
-GATHER_TAG = (1 << 31) - 16     # above any executor tag (transfer index * 64 + piece)
+GATHER_TAG = (1 << 31) - 16     # above any plan's tag (transfer index * 64 + piece, salted)
 _started: dict[str, int] = {}     # collectives this process has started, per group
 # The last operations' Work objects, kept alive a while after they complete. Freeing a Gloo
 # send or receive as soon as its wait returns made a 4 KB ring all-reduce 5x slower (N = 2,
@@ -53,14 +53,17 @@ def _store():
         return None
 
 
-class TorchTransport:
+class DistributedTransport:
     """torch.distributed point-to-point operations within ``group``, for one collective.
 
     ``stall_warning``: seconds after which a still-running collective logs a warning naming
-    the peer it waits for (a straggler), once.
+    the peer it waits for (a straggler), once. On NCCL a step's sends and receives are posted
+    together (``batch_isend_irecv``: one NCCL group), on Gloo one by one.
 
-    >>> TorchTransport.__name__
-    'TorchTransport'
+    Example, after ``dist.init_process_group``::
+
+        transport = DistributedTransport()
+        transport.wait([transport.send(torch.ones(4), peer=1, tag=0)], time.monotonic() + 10)
     """
 
     def __init__(self, group=None, stall_warning: float | None = None):
@@ -75,6 +78,7 @@ class TorchTransport:
         self.failure_key = f"gradsync/failure/{key}"
         self.sequence = _started[key] = _started.get(key, 0) + 1
         self.waiting_for: Pending | None = None
+        self._batched = dist.get_backend(group) == "nccl"
         self.started = time.monotonic()
         self._timer = None
         if stall_warning:
@@ -131,6 +135,21 @@ class TorchTransport:
         pending += [self.send(data, r, GATHER_TAG + tag) for r in peers]
         self.wait(pending, deadline)
         return out
+
+    def post(self, ops: list[tuple[str, torch.Tensor, int, int]]) -> list[Pending]:
+        """Post ("send" | "recv", tensor, peer, tag) operations: batched on NCCL, in turn on Gloo."""
+        if not ops:
+            return []
+        if not self._batched:
+            return [self.send(t, p, tag) if kind == "send" else self.recv(t, p, tag) for kind, t, p, tag in ops]
+        p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, self._global[p], self.group, tag)
+               for kind, t, p, tag in ops]
+        try:
+            works = dist.batch_isend_irecv(p2p)
+        except (RuntimeError, dist.DistBackendError) as exc:
+            works = [_Failed(exc)] * len(ops)
+        _recent.extend(works)
+        return [Pending(w, p, kind, tag) for w, (kind, _, p, tag) in zip(works, ops)]
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
         work = _post(dist.irecv, tensor, self._global[peer], group=self.group, tag=tag)
@@ -287,3 +306,6 @@ def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
                       op=p.kind)
     error.op_detail = kind
     return error
+
+
+TorchTransport = DistributedTransport   # the name used before the transport protocol

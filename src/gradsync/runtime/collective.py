@@ -1,0 +1,301 @@
+"""A collective in flight: a compiled plan, its buffers and scratch, and a transport.
+
+``Collective.start()`` returns a ``torch.futures.Future`` completed with the result tensor (or
+the ``PeerError``/``MismatchError`` that ended it). Collectives run one after another, in the
+order they were started, on one progress thread per process, so the caller's thread (a DDP
+backward pass) goes on while the data moves; a blocking call with nothing queued runs in the
+caller's own thread instead, saving the hand-over.
+
+The plan (``gradsync.plan``) says what to post and when; this module only follows it: post
+a step's sends and the receives it allows, and before that apply, in plan order, the
+received pieces the sends read (add from scratch for REDUCE, copy for COPY, nothing for a
+COPY that landed in place). Coded transfers (CERAR) take their packets from the codec and
+land in its buffers.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+
+import torch
+
+from ..plan import HOST_RANK, Plan
+from ..schedule import CODED, REDUCE, Schedule
+from .agree import Agreement
+
+SCRATCH_LIMIT_BYTES = 1 << 30
+
+
+class ScratchPool:
+    """Receive space reused across collectives, at most ``limit_bytes`` of it kept idle.
+
+    A collective takes its scratch at start and gives it back when done; idle buffers beyond
+    the limit are freed, least recently used first, so a training loop allocates once while a
+    one-off large call does not pin its scratch for the life of the process.
+
+    >>> pool = ScratchPool(limit_bytes=64)
+    >>> a = pool.take(torch.float32, torch.device("cpu"), 10); pool.give(a); pool.idle_bytes()
+    40
+    >>> pool.give(pool.take(torch.float32, torch.device("cpu"), 100)); pool.idle_bytes()   # over the limit
+    40
+    """
+
+    def __init__(self, limit_bytes: int = SCRATCH_LIMIT_BYTES):
+        self.limit_bytes = limit_bytes
+        self._idle: OrderedDict = OrderedDict()     # (dtype, device, elements, serial) -> tensor
+        self._lock = threading.Lock()
+        self._serial = 0
+
+    def take(self, dtype, device, elements: int) -> torch.Tensor:
+        with self._lock:
+            for key in self._idle:
+                if key[:3] == (dtype, device, elements):
+                    return self._idle.pop(key)
+        return torch.empty(elements, dtype=dtype, device=device)
+
+    def give(self, tensor: torch.Tensor) -> None:
+        with self._lock:
+            self._serial += 1
+            self._idle[(tensor.dtype, tensor.device, tensor.numel(), self._serial)] = tensor
+            while self._idle and self.idle_bytes() > self.limit_bytes:
+                self._idle.popitem(last=False)
+
+    def idle_bytes(self) -> int:
+        """Bytes held by idle buffers."""
+        return sum(t.numel() * t.element_size() for t in self._idle.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._idle.clear()
+
+
+SCRATCH = ScratchPool()
+
+
+class _Progress:
+    """The progress thread: runs queued collectives in order, completing their futures."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._busy = 0                 # queued or running
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def idle(self) -> bool:
+        return self._busy == 0
+
+    def submit(self, collective: "Collective", future: torch.futures.Future) -> None:
+        with self._lock:
+            self._busy += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
+                self._thread.start()
+        self._queue.put((collective, future))
+
+    def _loop(self):
+        while True:
+            collective, future = self._queue.get()
+            try:
+                collective.complete(future)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+
+PROGRESS = _Progress()
+
+
+class Collective:
+    """One all-reduce (or part of one: the KVStore's push or pull) ready to run.
+
+    Args:
+        schedule, plan: what to run, and this rank's compiled part of it.
+        buffers: node -> flat tensor of the nodes this rank runs (its worker's, and the
+            helpers' on HOST_RANK); exact schedules work on them in place.
+        transport: the group's transport for this collective.
+        deadline: time.monotonic() by which it must be done.
+        agreement: an ``Agreement`` whose digests ride along with the first messages, checked
+            before anything received is applied; None when it was checked beforehand.
+        finish: called with the result tensor on success (e.g. divide for an average).
+        salt: mixed into the tags so that ranks running different collectives cannot match
+            each other's messages.
+        design: the codec's design, for coded schedules (CERAR).
+    """
+
+    def __init__(self, schedule: Schedule, plan: Plan, buffers: dict, transport, deadline: float,
+                 agreement: Agreement | None = None, finish=None, salt: int = 0, design=None):
+        self.schedule, self.plan, self.buffers, self.design = schedule, plan, buffers, design
+        self.transport, self.deadline, self.agreement, self.finish = transport, deadline, agreement, finish
+        bits = max(0, min(8, 30 - plan.tag_bits))
+        self._salt = (salt & ((1 << bits) - 1)) << plan.tag_bits
+
+    def start(self, inline: bool = False) -> torch.futures.Future:
+        """Run it; return a future of the result. ``inline``: in this thread, if nothing is queued.
+
+        Example, in each rank of a group: ``tensor = collective.start().wait()``.
+        """
+        future = torch.futures.Future()
+        if inline and PROGRESS.idle():
+            self.complete(future)
+        else:
+            PROGRESS.submit(self, future)
+        return future
+
+    def complete(self, future: torch.futures.Future) -> None:
+        try:
+            result = self.run()
+            if self.finish is not None:
+                result = self.finish(result)
+        except BaseException as exc:       # the future carries it to whoever waits
+            self.transport.close()
+            future.set_exception(exc)
+            return
+        self.transport.close()
+        future.set_result(result)
+
+    def run(self) -> torch.Tensor:
+        """Run the plan to the end in this thread; return the result tensor."""
+        if self.agreement is not None:
+            self.agreement.post()
+        flat = self.buffers.get(self.transport.rank)
+        if self.schedule.codec is not None:
+            return self._run_coded(flat)
+        scratch = SCRATCH.take(flat.dtype, flat.device, self.plan.scratch) if self.plan.scratch else None
+        try:
+            self._run_exact(scratch)
+        finally:
+            if scratch is not None:
+                SCRATCH.give(scratch)
+        return flat
+
+    # --- exact schedules -------------------------------------------------------------------
+
+    def _landing(self, j: int, scratch) -> torch.Tensor:
+        r = self.plan.receives[j]
+        if r.scratch >= 0:
+            return scratch[r.scratch:r.scratch + r.count]
+        return self.buffers[r.node][r.offset:r.offset + r.count]
+
+    def _run_exact(self, scratch) -> None:
+        plan, transport, deadline = self.plan, self.transport, self.deadline
+        sends, receives = {}, {}         # posted and not yet waited for: index -> handle
+        applied = 0
+
+        def post(send_ids, receive_ids):
+            ops = [("send", self._send_data(k), plan.sends[k].peer, plan.sends[k].tag | self._salt)
+                   for k in send_ids]
+            ops += [("recv", self._landing(j, scratch), plan.receives[j].peer, plan.receives[j].tag | self._salt)
+                    for j in receive_ids]
+            handles = transport.post(ops)
+            sends.update(zip(send_ids, handles[:len(send_ids)]))
+            receives.update(zip(receive_ids, handles[len(send_ids):]))
+
+        def wait_sends(ids):
+            ready = [sends.pop(k) for k in ids if k in sends]
+            if ready:
+                transport.wait(ready, deadline)
+
+        def apply(upto):
+            nonlocal applied
+            while applied < upto:
+                if self.agreement is not None:
+                    self.agreement.verify(deadline)
+                    self.agreement = None
+                j, r = applied, plan.receives[applied]
+                transport.wait([receives.pop(j)], deadline)
+                if r.scratch >= 0:
+                    wait_sends(plan.after_sends[j])         # nobody still sends what this overwrites
+                    target = self.buffers[r.node][r.offset:r.offset + r.count]
+                    data = scratch[r.scratch:r.scratch + r.count]
+                    target.add_(data) if r.op == REDUCE else target.copy_(data)
+                applied += 1
+
+        post((), plan.first_posts)
+        for step in plan.steps:
+            apply(step.applies)
+            wait_sends(step.waits)
+            if step.local:
+                post(step.sends, ())
+                wait_sends(list(sends))             # in-memory work writes what sends may read
+                for x in step.local:
+                    target = self.buffers[x.dst][x.offset:x.offset + x.count]
+                    data = self.buffers[x.src][x.offset:x.offset + x.count]
+                    target.add_(data) if x.op == REDUCE else target.copy_(data)
+                post((), step.posts)
+            else:
+                post(step.sends, step.posts)
+        wait_sends(plan.drain_waits)
+        post((), plan.drain_posts)
+        apply(len(plan.receives))
+        wait_sends(list(sends))
+        if self.agreement is not None:
+            self.agreement.verify(deadline)
+
+    def _send_data(self, k: int) -> torch.Tensor:
+        s = self.plan.sends[k]
+        return self.buffers[s.node][s.offset:s.offset + s.count]
+
+    # --- coded schedules (CERAR) -------------------------------------------------------------
+
+    def _run_coded(self, flat: torch.Tensor) -> torch.Tensor:
+        """CERAR on the same plan: a step's packet piece is encoded from the piece received in
+        the previous round, which the plan has waited for; receives land in the codec's buffers."""
+        from ..coding import cerar
+
+        if flat.numel() == 0:
+            return flat
+        plan, transport, deadline = self.plan, self.transport, self.deadline
+        worker = cerar.Worker(self.design, transport.rank, flat)
+        assert all(p.op == CODED for p in plan.sends + plan.receives)
+        rounds_received = sorted({r.round for r in plan.receives})
+        sending, older, receives = [], [], {}   # this round's and the last round's (handle, packet)
+        applied, current = 0, None
+
+        def post_receives(ids):
+            ops = [("recv", worker.receive(r.round)[r.offset:r.offset + r.count], r.peer, r.tag | self._salt)
+                   for r in (plan.receives[j] for j in ids)]
+            receives.update(zip(ids, transport.post(ops)))
+
+        post_receives(plan.first_posts)
+        for step in plan.steps:
+            while applied < step.applies:
+                if self.agreement is not None:
+                    self.agreement.verify(deadline)
+                    self.agreement = None
+                transport.wait([receives.pop(applied)], deadline)
+                applied += 1
+            if step.round != current:              # packets are kept until sent: two rounds at most
+                current = step.round
+                transport.wait([h for h, _ in older], deadline)
+                older, sending = sending, []
+                if step.round - 1 in rounds_received:
+                    worker.received(step.round - 1)
+            packets = [worker.packet(plan.sends[k].round, plan.sends[k].offset,
+                                     plan.sends[k].offset + plan.sends[k].count) for k in step.sends]
+            handles = transport.post([("send", p, plan.sends[k].peer, plan.sends[k].tag | self._salt)
+                                      for p, k in zip(packets, step.sends)])
+            sending += zip(handles, packets)
+            post_receives(step.posts)
+        post_receives(plan.drain_posts)
+        transport.wait([receives.pop(j) for j in sorted(receives)] + [h for h, _ in older + sending], deadline)
+        if self.agreement is not None:
+            self.agreement.verify(deadline)
+        if rounds_received:
+            worker.received(rounds_received[-1])
+        return worker.result()
+
+
+def node_buffers(schedule: Schedule, rank: int, flat: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The buffers of the nodes this rank runs: its worker's, plus the helpers' on HOST_RANK.
+
+    >>> from gradsync.algorithms import host
+    >>> sorted(node_buffers(host.schedule(2, 4), 0, torch.ones(4)))
+    [0, 2]
+    """
+    buffers = {rank: flat}
+    if rank == HOST_RANK:
+        for h in range(len(schedule.helpers)):
+            buffers[schedule.workers + h] = torch.zeros_like(flat)
+    return buffers

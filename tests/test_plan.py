@@ -1,0 +1,93 @@
+"""Plans and the collective, every rank a thread of this process (the in-memory transport
+delivers matched messages in random order, some time after posting), against numpy sums."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gradsync import algorithms
+from gradsync.algorithms import central, halving_doubling, ring
+from gradsync.errors import MismatchError
+from gradsync.plan import compile_plan
+from gradsync.runtime.api import compiled, frozen, prepare
+from gradsync.runtime.transport import MemoryTransport
+
+
+def run_group(inputs, algorithm, seed=0, op="sum", **options):
+    """Every rank's result (or exception) of one all-reduce over threads."""
+    transports = MemoryTransport.group(len(inputs), seed)
+    out = [None] * len(inputs)
+
+    def rank(r):
+        try:
+            t = inputs[r].clone()
+            prepare(t, algorithm, op, transports[r], time.monotonic() + 20, True, False, options).start(True).wait()
+            out[r] = t
+        except Exception as exc:       # noqa: BLE001 - reported to the test
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", algorithms.names(exact=True))
+@pytest.mark.parametrize("workers", [2, 3, 5])
+@pytest.mark.parametrize("elements", [0, 1, 7, 600_001])
+def test_every_exact_plan_sums_exactly_with_messages_in_any_order(algorithm, workers, elements):
+    rng = np.random.default_rng(workers * 1000 + elements)
+    inputs = [torch.tensor(rng.integers(-1000, 1000, elements), dtype=torch.float64) for _ in range(workers)]
+    expected = np.sum([x.numpy() for x in inputs], axis=0)
+    for seed in (0, 1):
+        for r, got in enumerate(run_group(inputs, algorithm, seed)):
+            assert isinstance(got, torch.Tensor), got
+            np.testing.assert_array_equal(got.numpy(), expected, err_msg=f"rank {r}")
+
+
+def test_cerar_plan_is_within_its_design_error():
+    rng = np.random.default_rng(3)
+    inputs = [torch.tensor(rng.standard_normal(300_001)) for _ in range(3)]
+    expected = np.sum([x.numpy() for x in inputs], axis=0)
+    bound = 10 * compiled("cerar", 3, 300_001, "float64", frozen({"components": 6}), 0).design.predicted_error("float64")
+    assert bound < 1e-5
+    for got in run_group(inputs, "cerar", components=6):
+        error = np.linalg.norm(got.numpy() - expected) / np.linalg.norm(expected)
+        assert error < bound, (error, bound)
+
+
+def test_a_mismatch_in_the_steady_state_is_named_on_every_rank_and_nothing_is_applied():
+    inputs = [torch.ones(10) for _ in range(3)]
+    assert all(isinstance(g, torch.Tensor) for g in run_group(inputs, "ring"))     # first time: checked up front
+    assert all(isinstance(g, torch.Tensor) for g in run_group([torch.ones(10, dtype=torch.float64)] * 3, "ring"))
+    mixed = [torch.ones(10), torch.ones(10), torch.ones(10, dtype=torch.float64)]    # both seen before
+    results = run_group(mixed, "ring")
+    for got in results:
+        assert isinstance(got, MismatchError) and "dtype" in str(got) and "[2]" in str(got), got
+
+
+def test_pieces_of_a_send_wait_only_for_what_they_read():
+    plan = compile_plan(ring.schedule(4, 4_000_000), rank=1, itemsize=4)
+    first_of_round_1 = next(s for s in plan.steps if s.round == 1)
+    # piece 0 of round 1 leaves once piece 0 of round 0 is in, not the whole round
+    assert first_of_round_1.applies == 1 < sum(r.round == 0 for r in plan.receives)
+
+
+def test_scratch_is_bounded_by_two_rounds_for_ring_and_in_place_where_safe():
+    n = 8_000_000
+    plan = compile_plan(ring.schedule(8, n), rank=3, itemsize=4)
+    assert plan.scratch == 2 * (n // 8)
+    assert all(r.scratch == -1 for r in plan.receives if r.op == 1)         # the all-gather lands in place
+    assert compile_plan(central.schedule(4, 1000), rank=0, itemsize=4).scratch == 3 * 1000   # (N - 1) x n
+    assert compile_plan(central.schedule(4, 1000), rank=1, itemsize=4).scratch == 0
+
+
+def test_halving_doubling_on_a_non_power_of_two_is_planned_and_checked():
+    for rank in range(6):
+        plan = compile_plan(halving_doubling.schedule(6, 3_000_000), rank=rank, itemsize=8)
+        assert plan.steps and plan.receives
