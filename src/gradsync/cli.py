@@ -79,6 +79,20 @@ def _predicted_error(schedule, dtype) -> float:
     return cerar.Design.from_dict(schedule.codec).predicted_error(dtype if dtype in cerar.UNIT_ROUNDOFF else "float32")
 
 
+def _chosen(names, dtype) -> list[str]:
+    """The algorithms of a comma-separated ``--algorithms`` list, each checked against the
+    registry and the dtype; when none is given, every registered one that takes the dtype."""
+    if names is None:
+        return [a for a in algorithms.names() if algorithms.get(a).accepts(dtype)]
+    chosen = [a.strip() for a in names.split(",") if a.strip()]
+    if not chosen:
+        raise click.BadParameter(f"expected comma-separated algorithm names, got {names!r}",
+                                 param_hint="'--algorithms'")
+    for a in chosen:
+        algorithms.get(a).check_dtype(dtype)
+    return chosen
+
+
 def _emit(fmt, rows, render):
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
@@ -116,9 +130,11 @@ def main():
 @click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Gradient size, e.g. 160MB.")
 @workers_option
 @dtype_option
-@click.option("--algorithms", "names", default=",".join(algorithms.REGISTRY), show_default=True,
-              help="Comma-separated algorithms to compare.")
-@click.option("--components", "-c", type=int, default=None, help="CERAR components (default 2N).")
+@click.option("--algorithms", "names", default=None,
+              help="Comma-separated algorithms to compare (default: every one that takes the dtype; "
+                   "see 'gradsync list').")
+@click.option("--components", "-c", type=int, default=None,
+              help="Components, for the algorithms that take them (CERAR; default 2N).")
 @format_option
 def compare(topology, size, workers, dtype, names, components, fmt):
     """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw.
@@ -130,10 +146,12 @@ def compare(topology, size, workers, dtype, names, components, fmt):
     elements = size // itemsize
     nbytes = elements * itemsize
     rows = []
-    for name in [a.strip() for a in names.split(",") if a.strip()]:
+    for name in _chosen(names, dtype):
         options = default_options(name, topo, n)
-        if name == "cerar":
-            options.update(components=components, construction="optimized")
+        if "components" in algorithms.get(name).options:
+            options["components"] = components
+        if name == "cerar":                                  # its best design for the dtype
+            options["construction"] = "optimized"
         schedule = algorithms.build(name, n, elements, dtype=dtype, **options)
         result = simulate(schedule, topo, itemsize)
         link, link_bytes = result.busiest_channel()
@@ -144,7 +162,7 @@ def compare(topology, size, workers, dtype, names, components, fmt):
                "busiest_link": link, "busiest_link_bytes": link_bytes,
                "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * 2 * (n - 1) / n / 1e9,
                "error": _predicted_error(schedule, dtype)}
-        if name == "cerar":
+        if "components" in schedule.options:
             row["components"] = schedule.options["components"]
         if name == "ring":
             net = net_for(topo, n, options)
@@ -175,7 +193,7 @@ def compare(topology, size, workers, dtype, names, components, fmt):
 
 
 @main.command("simulate")
-@click.option("--algorithm", "-a", required=True, help=f"One of {', '.join(algorithms.REGISTRY)}.")
+@click.option("--algorithm", "-a", required=True, help="An algorithm (see 'gradsync list').")
 @topology_option
 @click.option("--size", "-s", type=Size(), default="160MB", show_default=True)
 @workers_option
@@ -190,7 +208,7 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
     options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
-    result = simulate(algorithms.build(algorithm, n, size // itemsize, **options), topo, itemsize)
+    result = simulate(algorithms.build(algorithm, n, size // itemsize, dtype=dtype, **options), topo, itemsize)
     summary = result.to_dict(timeline=False)
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
     if out:
@@ -263,15 +281,17 @@ def _sizes(sizes, min_size, max_size):
 @main.command()
 @click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Local worker processes (Gloo over 127.0.0.1).")
-@click.option("--algorithms", "names", default="ring,tree,halving_doubling,sharded,central,host,cerar",
-              show_default=True, help="Comma-separated algorithms; the engine's own all-reduce runs as 'native'.")
+@click.option("--algorithms", "names", default=None,
+              help="Comma-separated algorithms (default: every one that takes the dtype; see 'gradsync list'); "
+                   "the engine's own all-reduce runs as 'native'.")
 @click.option("--sizes", default=None, help="Comma-separated message sizes (e.g. 4KB,1MB,64MB).")
 @click.option("--min-size", type=Size(), default="4KB", show_default=True)
 @click.option("--max-size", type=Size(), default="256MB", show_default=True)
 @click.option("--iters", type=click.IntRange(1, 10000), default=None, help="Timed iterations per row (default by size).")
 @click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "int32"]), default="float32",
               show_default=True)
-@click.option("--components", "-c", type=click.IntRange(min=1), default=None, help="CERAR components (default 2N).")
+@click.option("--components", "-c", type=click.IntRange(min=1), default=None,
+              help="Components, for the algorithms that take them (CERAR; default 2N).")
 @click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
 @click.option("--timeout", type=click.FloatRange(0, 1e6, min_open=True), default=60.0, show_default=True,
               help="Seconds before a stalled collective raises PeerError.")
@@ -286,12 +306,9 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
-    chosen = [a.strip() for a in names.split(",") if a.strip()]
-    for a in chosen:
-        algorithms.get(a)
-    if dtype not in ("float32", "float64") and "cerar" in chosen:
-        chosen.remove("cerar")
-    options = {"cerar": {"components": components}} if components else {}
+    chosen = _chosen(names, dtype)
+    options = {a: {"components": components} for a in chosen
+               if components and "components" in algorithms.get(a).options}
     byte_sizes = _sizes(sizes, min_size, max_size)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
     if backend == "mpi":
@@ -319,7 +336,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         for r in rows:
             name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
             opts = {**default_options(name, topo, workers), **options.get(name, {})}
-            sched = algorithms.build(name, workers, r["count"], dtype=dtype if dtype in ("float32", "float64") else None, **opts)
+            sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
             r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
             r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
 
@@ -367,7 +384,7 @@ def _bench_mpi(workers, args, timeout, link_bandwidth):
                                  param_hint="'--backend'")
     sizes, names, iters, dtype, _, options, _ = args
     payload = json.dumps({"sizes": sizes, "names": names, "iters": iters, "dtype": dtype, "timeout": timeout,
-                          "options": options})
+                          "options": options, "external": algorithms.external()})
     cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
            sys.executable, "-m", "gradsync.runtime.bench", payload]
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
@@ -442,7 +459,7 @@ def serve(host, port):
 @main.command()
 @click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--algorithm", "-a", default="ring", show_default=True,
-              help="ring, tree, sharded, central, host, halving_doubling, cerar or auto.")
+              help="An algorithm (see 'gradsync list') or auto.")
 @click.option("--components", "-c", type=click.IntRange(min=1), default=None, help="CERAR components (default 2N).")
 @click.option("--eps", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None, help="CERAR eps.")
 @click.option("--epochs", type=click.IntRange(1, 1000), default=10, show_default=True)
@@ -497,7 +514,7 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         click.echo(f"gradsync train: {workers} workers, {algorithm}, {model} on digits, global batch {batch_size}"
                    + (f", links {link_bandwidth}" if link_bandwidth else ""))
         headers = ["epoch", "loss", "test acc.", "compute", "sync", "resync", "sent/worker"]
-        approx = algorithm == "cerar"
+        approx = algorithm != "auto" and not algorithms.get(algorithm).exact
         if approx:
             headers += ["grad error", "replica diff"]
         rows = []
@@ -539,6 +556,32 @@ def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
                    f"{r['final']['world_size']} workers")
 
     _emit(fmt, result, render)
+
+
+@main.command("list")
+@format_option
+def list_cmd(fmt):
+    """List the registered algorithms (exact or not, dtypes, options and defaults) and the topology presets."""
+    from .topology.presets import PARAMETRIC, preset
+
+    specs = [algorithms.get(a) for a in algorithms.names()]
+    out = {"algorithms": [{"name": s.name, "exact": s.exact, "dtypes": list(s.dtypes) if s.dtypes else None,
+                           "options": {k: o.default for k, o in s.options.items()}, "summary": s.summary}
+                          for s in specs],
+           "topologies": [{"name": name, "workers": len(topo.workers), "sized_by_workers": name in PARAMETRIC,
+                           "description": topo.description} for name, topo in ((p, preset(p)) for p in PRESETS)]}
+
+    def render(o):
+        _print_table(["algorithm", "kind", "dtypes", "options (default)", "what it does"],
+                     [[a["name"], "exact" if a["exact"] else "approximate", ", ".join(a["dtypes"] or ["any"]),
+                       ", ".join(f"{k}={v}" for k, v in a["options"].items()) or "-", a["summary"]]
+                      for a in o["algorithms"]])
+        click.echo()
+        _print_table(["topology", "workers", "description"],
+                     [[t["name"], f"any (-n, default {t['workers']})" if t["sized_by_workers"] else t["workers"],
+                       t["description"]] for t in o["topologies"]])
+
+    _emit(fmt, out, render)
 
 
 @main.command("cerar")

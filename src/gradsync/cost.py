@@ -22,8 +22,9 @@ def ring_options(topology: Topology, workers: int) -> dict:
 
 
 def default_options(algorithm: str, topology: Topology, workers: int) -> dict:
-    """Options an algorithm gets on a topology when the user gives none."""
-    return ring_options(topology, workers) if algorithm == "ring" else {}
+    """Options an algorithm gets on a topology when the user gives none: the topology's
+    preferred rings, for algorithms that take ``rings``. ``default_options("tree", topo, 4)`` is {}."""
+    return ring_options(topology, workers) if "rings" in algorithms.get(algorithm).options else {}
 
 
 def net_for(topology: Topology, workers: int, options: dict | None = None) -> Net:
@@ -65,5 +66,6 @@ def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, ite
     """
     if not options:
         options = default_options(algorithm, topology, workers)
-    module = algorithms.get(algorithm)
-    return module.cost(workers, nbytes, net_for(topology, workers, options), itemsize=itemsize, **options)
+    spec = algorithms.get(algorithm)
+    spec.check_options(options)
+    return spec.cost(workers, nbytes, net_for(topology, workers, options), itemsize=itemsize, **options)

@@ -38,12 +38,15 @@ class Candidate:
 
 
 def default_candidates(workers: int, dtype: str = "float32", max_error: float | None = None,
-               exact=algorithms.EXACT) -> list[Candidate]:
-    """The exact algorithms, plus CERAR designs whose predicted error is within ``max_error``.
+                       exact=None) -> list[Candidate]:
+    """The exact algorithms (default: every registered one that takes ``dtype``), plus CERAR
+    designs whose predicted error is within ``max_error``.
 
     >>> [c.label for c in default_candidates(4, max_error=1e-2)][-1]
     'cerar(components=8)'
     """
+    if exact is None:
+        exact = [a for a in algorithms.names(exact=True) if algorithms.get(a).accepts(dtype)]
     out = [Candidate(a) for a in exact]
     if max_error is None:
         return out

@@ -146,7 +146,10 @@ def mpi_main(argv=None) -> None:
     rank 0 prints the rows as JSON on stdout."""
     import json
 
+    from .. import algorithms
+
     args = json.loads((argv or sys.argv)[1])
+    algorithms.load_external(args.get("external", ()))     # algorithms the parent registered
     engine = MpiEngine()
     rows = worker(engine.comm.Get_rank(), engine.comm.Get_size(), args["sizes"], args["names"], args["iters"],
                   args["dtype"], args["timeout"], args["options"], False, engine=engine)

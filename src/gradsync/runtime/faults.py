@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..algorithms import EXACT
+from ..algorithms import names
 from ..errors import GradsyncError, PeerError
 from .api import all_reduce
 from .launch import run
@@ -97,8 +97,10 @@ def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout:
     return Trial(workers, victim, algorithm, detection, named, workers - 1, hangs, wrong, errors, messages)
 
 
-def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=EXACT, workers=(3, 4, 5, 6)) -> dict:
-    """Run ``trials`` random kill trials; return them and a summary."""
+def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=None, workers=(3, 4, 5, 6)) -> dict:
+    """Run ``trials`` random kill trials (over ``algorithms``, default every exact one); return
+    them and a summary."""
+    algorithms = names(exact=True) if algorithms is None else algorithms
     rng = random.Random(seed)
     out = []
     for i in range(trials):

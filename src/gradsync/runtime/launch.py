@@ -17,6 +17,7 @@ import traceback
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .. import algorithms
 from ..errors import ConfigError, GradsyncError
 
 LOOPBACK = "127.0.0.1"
@@ -45,7 +46,7 @@ def rendezvous_store(host: str, port: int, rank: int, workers: int, timeout: flo
                          master_listen_fd=listener.detach())
 
 
-def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
+def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, external=()):
     if network is not None:                                  # a worker behind an emulated slow link
         from .links import enter
         enter(network.namespaces[rank])
@@ -53,6 +54,7 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None):
     elif host == LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     try:
+        algorithms.load_external(external)    # a spawned process sees only gradsync's own algorithms
         dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
                                 world_size=workers, timeout=datetime.timedelta(seconds=timeout))
         results.put((rank, "ok", fn(rank, workers, *args)))
@@ -124,8 +126,8 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
         host, port = network.addresses[0], network.port      # rank 0's address, in fresh namespaces
     else:
         port = free_port(host)
-    procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network),
-                         daemon=True) for r in range(workers)]
+    procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network,
+                                              algorithms.external()), daemon=True) for r in range(workers)]
     with _one_openmp_thread():
         for p in procs:
             p.start()

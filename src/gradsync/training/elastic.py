@@ -161,8 +161,8 @@ def worker(workdir: Path) -> None:
 def check(workers: int, cfg: TrainConfig, min_workers: int, kill_every: float | None) -> None:
     """Refuse what elastic training cannot do, before anything starts."""
     cfg.check(workers)
-    if cfg.algorithm not in algorithms.EXACT:
-        raise ConfigError(f"--elastic needs an exact algorithm ({', '.join(sorted(algorithms.EXACT))}), got "
+    if cfg.algorithm not in algorithms.names(exact=True):
+        raise ConfigError(f"--elastic needs an exact algorithm ({', '.join(algorithms.names(exact=True))}), got "
                           f"{cfg.algorithm!r}: recovery checks that replicas are bit-identical")
     if cfg.resync_every:
         raise ConfigError("--resync-every is a remedy for CERAR's drift; --elastic runs exact algorithms only")

@@ -102,15 +102,13 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
     topo = topology_for(topology, workers, bandwidth, latency)
     n = len(topo.workers)
     nbytes = parse_size(size)
+    takes = algorithms.get(algorithm).options
     options = default_options(algorithm, topo, n)
-    if algorithm == "cerar":
-        options.update({k: v for k, v in (("components", components), ("eps", eps)) if v is not None})
-    if algorithm == "tree":
+    # the page's fields apply to the algorithms that take them, and are ignored by the others
+    options.update({k: v for k, v in (("components", components), ("eps", eps)) if v is not None and k in takes})
+    if "segments" in takes:
         options["segments"] = max(1, min(TREE_SEGMENTS, -(-(nbytes // 4) // (1 << 18))))
-    elif algorithm not in algorithms.REGISTRY:
-        algorithms.get(algorithm)
-    schedule = algorithms.build(algorithm, n, nbytes // 4, dtype="float32" if algorithm == "cerar" else None,
-                                **options)
+    schedule = algorithms.build(algorithm, n, nbytes // 4, dtype="float32", **options)
     if len(schedule.transfers) > MAX_TRANSFERS:
         raise ConfigError(f"this collective has {len(schedule.transfers)} transfers; the view draws at most "
                           f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
@@ -149,11 +147,22 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
     return out
 
 
-@lru_cache(maxsize=32)
-def comparison(size: int, algorithms_: tuple = ("central", "host", "sharded", "ring", "tree", "halving_doubling"),
+def comparison(size: int, algorithms_: tuple | None = None,
                workers: tuple = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> dict:
     """Time against workers on a PCIe switch of N GPUs (the seed's server, grown): simulated and
-    closed form, with the seed's 4-GPU figures."""
+    closed form, with the seed's 4-GPU figures. ``algorithms_`` defaults to every exact
+    algorithm registered now that takes float32.
+
+    >>> sorted(comparison(4000, ("ring", "tree"), (2, 4))["curves"])
+    ['ring', 'tree']
+    """
+    if algorithms_ is None:
+        algorithms_ = tuple(a for a in algorithms.names(exact=True) if algorithms.get(a).accepts("float32"))
+    return _comparison(size, tuple(algorithms_), tuple(workers))
+
+
+@lru_cache(maxsize=32)
+def _comparison(size: int, algorithms_: tuple, workers: tuple) -> dict:
     curves = {}
     for name in algorithms_:
         sim, closed = [], []

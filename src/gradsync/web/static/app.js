@@ -110,7 +110,8 @@ function advanceTo(now) {
       buf[c] = t.op[i] === 0 ? buf[c] + carried : carried;
     }
   }
-  if (data.algorithm === "cerar" && now >= data.time_s && !data.failure)
+  // coded packets carry no input count (-1); the codec (error !== null) decodes the sum at the end
+  if (data.error !== null && now >= data.time_s && !data.failure)
     for (let w = 0; w < data.workers; w++) anim.state[w].fill(data.workers);
   simNow = now;
 }
