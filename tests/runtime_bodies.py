@@ -261,3 +261,64 @@ def elastic_agreement(rank, workers, weight_nudge, step_nudge):
         return {"digest": elastic._agree(model, optimizer, 7 + (step_nudge if rank == 1 else 0))}
     except GradsyncError as exc:
         return {"error": str(exc)}
+
+
+class _Bucket:
+    """What DDP hands a communication hook, as far as the hook reads it."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def buffer(self):
+        return self._tensor
+
+
+def hook_while_peer_is_slow(rank, workers, delay):
+    """Rank 0 starts a bucket's all-reduce while rank 1 is ``delay`` s late: how long the hook
+    took to return, whether its future was done then, and the averaged result after waiting."""
+    from gradsync.torch import comm_hook
+
+    hook = comm_hook("ring")
+    tensor = torch.full((100_000,), float(rank + 1))
+    dist.barrier()
+    if rank == 1:
+        time.sleep(delay)
+    start = time.perf_counter()
+    future = hook(None, _Bucket(tensor))
+    returned, done = time.perf_counter() - start, future.done()
+    result = future.wait()
+    expected = sum(range(1, workers + 1)) / workers
+    return {"returned_s": returned, "done_at_return": done, "error": (result - expected).abs().max().item()}
+
+
+def overlapped_training(rank, workers, algorithm, steps):
+    """Parameters after ``steps`` SGD steps of DDP with buckets overlapping backward (several
+    buckets per step), with the gradsync hook and with DDP's own all-reduce; and how many
+    buckets the hook synchronized in the last step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsync.torch import comm_hook
+
+    params, calls = {}, []
+    gradsync_hook = comm_hook(algorithm)
+
+    def counting(state, bucket):
+        calls.append(1)
+        return gradsync_hook(state, bucket)
+
+    for name in ("default", "gradsync"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(*[torch.nn.Linear(256, 256, dtype=torch.float64) for _ in range(6)])
+        model = DistributedDataParallel(net, bucket_cap_mb=0.5)
+        if name == "gradsync":
+            model.register_comm_hook(None, counting)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            x = torch.randn(8, 256, generator=g, dtype=torch.float64)
+            opt.zero_grad()
+            calls.clear()
+            model(x).square().mean().backward()
+            opt.step()
+        params[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"diff": (params["gradsync"] - params["default"]).abs().max().item(), "buckets": len(calls)}

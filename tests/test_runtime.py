@@ -131,3 +131,17 @@ def test_local_workers_start_with_one_openmp_thread_and_the_parent_keeps_its_env
     assert "OMP_NUM_THREADS" not in os.environ
     monkeypatch.setenv("OMP_NUM_THREADS", "2")       # the user's choice is theirs
     assert [r["env"] for r in run(bodies.openmp_threads, 2)] == ["2", "2"]
+
+
+def test_the_hook_returns_its_future_before_a_slow_peer_arrives():
+    results = run(bodies.hook_while_peer_is_slow, 2, 1.0)     # even the first call of its kind
+    first = results[0]
+    assert first["returned_s"] < 0.5 and not first["done_at_return"], first
+    assert all(r["error"] == 0.0 for r in results), results
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "tree"])
+def test_overlapped_training_matches_plain_ddp(algorithm):
+    for r in run(bodies.overlapped_training, 3, algorithm, 5):
+        assert r["buckets"] >= 3, r
+        assert r["diff"] < 1e-12, r

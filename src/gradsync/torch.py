@@ -21,7 +21,7 @@ def comm_hook(algorithm: str = "ring", timeout: float | None = None, **options):
         model = DistributedDataParallel(net)
         model.register_comm_hook(None, comm_hook("halving_doubling"))
     """
-    def hook(state, bucket) -> torch.futures.Future:
+    def hook(state, bucket):   # no annotation: DDP compares it with the evaluated Future[Tensor]
         work = all_reduce(bucket.buffer(), algorithm=algorithm, op="avg", group=state, timeout=timeout,
                           async_op=True, **options)
         return work.get_future()

@@ -15,7 +15,7 @@ from .. import algorithms
 from ..errors import ConfigError
 from ..plan import Plan, compile_plan
 from ..schedule import CODED, COPY, REDUCE, Schedule
-from .agree import Agreement, agree, digest, seen_before
+from .agree import Agreement, digest, seen_before
 from .collective import Collective, node_buffers
 from .transport import DistributedTransport
 
@@ -48,8 +48,7 @@ def compiled(algorithm: str, workers: int, elements: int, dtype: str, frozen_opt
     (6, 6)
     """
     options = json.loads(frozen_options)
-    schedule = algorithms.build(algorithm, workers, elements, dtype=dtype if dtype in ("float32", "float64") else None,
-                                **options)
+    schedule = algorithms.build(algorithm, workers, elements, dtype=dtype, **options)
     itemsize = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
     design = None
     if schedule.codec is not None:
@@ -76,7 +75,7 @@ def _pick(path: str, stamp: int, workers: int, nbytes: int, itemsize: int, dtype
     from ..tune import choose
 
     topology = resolve(path, workers) if path else preset("ethernet", workers=workers)
-    picked = choose(topology, nbytes, itemsize, dtype=dtype if dtype in ("float32", "float64") else "float32")
+    picked = choose(topology, nbytes, itemsize, dtype=dtype)
     return picked.algorithm, picked.kwargs()
 
 
@@ -177,8 +176,7 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
         algorithm, picked = pick(tensor, workers)
         options = {**picked, **options}
     dtype = str(tensor.dtype).removeprefix("torch.")
-    if algorithm == "cerar" and dtype not in ("float32", "float64"):
-        raise ConfigError(f"algorithm 'cerar' needs float32 or float64 tensors, got {dtype}")
+    algorithms.get(algorithm).check_dtype(dtype)
     frozen_options = frozen(options)
     description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
                    "options": json.loads(frozen_options), "device": tensor.device.type}
@@ -189,12 +187,11 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
         if workers > 1 else None
     agreement = None
     if check or check_finite:
-        group_key = getattr(transport, "failure_key", "")
-        if workers > 1 and seen_before(group_key, description) and not check_finite:
-            agreement = Agreement(transport, description)     # rides along with the data
-        else:
-            agree(transport, description, deadline)           # first time: before anything moves
-            seen_before(group_key, description)
+        known = seen_before(getattr(transport, "failure_key", ""), description)
+        # the first time (or with check_finite), before anything moves; after, riding along
+        agreement = Agreement(transport, description, before_data=not known or check_finite)
+        if workers == 1:
+            agreement.verify(deadline)
 
     def finish(result: torch.Tensor) -> torch.Tensor:
         if op == "avg":

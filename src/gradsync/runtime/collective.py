@@ -159,6 +159,9 @@ class Collective:
         """Run the plan to the end in this thread; return the result tensor."""
         if self.agreement is not None:
             self.agreement.post()
+            if self.agreement.before_data:
+                self.agreement.verify(self.deadline)
+                self.agreement = None
         flat = self.buffers.get(self.transport.rank)
         if self.schedule.codec is not None:
             return self._run_coded(flat)

@@ -24,9 +24,6 @@ from .api import DEFAULT_TIMEOUT, compiled
 from .collective import Collective, node_buffers
 from .transport import DistributedTransport
 
-STRATEGIES = ("central", "host", "sharded", "ring", "tree", "halving_doubling")
-
-
 @lru_cache(maxsize=256)
 def _owned(schedule: Schedule) -> dict:
     return complete_segments(schedule)
@@ -58,8 +55,9 @@ class KVStore:
     """
 
     def __init__(self, strategy: str = "sharded", updater=None, group=None, timeout: float | None = None):
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        if strategy not in algorithms.names(exact=True):
+            raise ConfigError(f"strategy must be an exact algorithm, one of {', '.join(algorithms.names(exact=True))}, "
+                              f"got {strategy!r}")
         self.strategy, self.updater, self.group = strategy, updater, group
         self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
         self.transport = DistributedTransport(group)

@@ -56,9 +56,8 @@ class TrainConfig:
         return self
 
     def options(self) -> dict:
-        if self.algorithm != "cerar":
-            return {}
-        return {k: v for k, v in (("components", self.components), ("eps", self.eps)) if v is not None}
+        takes = algorithms.get(self.algorithm).options if self.algorithm != "auto" else {}
+        return {k: v for k, v in (("components", self.components), ("eps", self.eps)) if v is not None and k in takes}
 
 
 class SyncMeter:
