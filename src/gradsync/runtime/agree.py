@@ -35,13 +35,14 @@ def digest(description: dict) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=DIGEST_BYTES).digest()
 
 
-def seen_before(group_key: str, description: dict) -> bool:
-    """Whether this process already ran ``description`` on the group; remembers it if not.
+def seen_before(group_key: str, signature: bytes) -> bool:
+    """Whether this process already ran the collective of this ``signature`` (its digest) on
+    the group; remembers it if not.
 
-    >>> seen_before("doctest", {"x": 1}), seen_before("doctest", {"x": 1})
+    >>> seen_before("doctest", digest({"x": 1})), seen_before("doctest", digest({"x": 1}))
     (False, True)
     """
-    key = (group_key, digest(description))
+    key = (group_key, signature)
     with _seen_lock:
         if key in _seen:
             _seen.move_to_end(key)
@@ -56,9 +57,9 @@ class Agreement:
     """The digest exchange of one collective: ``post()`` it, then ``verify(deadline)``.
     ``before_data``: the collective verifies it before posting anything else."""
 
-    def __init__(self, transport, description: dict, before_data: bool = False):
+    def __init__(self, transport, description: dict, before_data: bool = False, signature: bytes | None = None):
         self.transport, self.description, self.before_data = transport, description, before_data
-        self.mine = torch.frombuffer(bytearray(digest(description)), dtype=torch.uint8)
+        self.mine = torch.frombuffer(bytearray(signature or digest(description)), dtype=torch.uint8)
         self._theirs, self._pending = None, None
 
     def post(self) -> None:

@@ -75,7 +75,7 @@ def _pick(path: str, stamp: int, workers: int, nbytes: int, itemsize: int, dtype
     from ..tune import choose
 
     topology = resolve(path, workers) if path else preset("ethernet", workers=workers)
-    picked = choose(topology, nbytes, itemsize, dtype=dtype)
+    picked = choose(topology, nbytes, itemsize, dtype=dtype, quick=True)
     return picked.algorithm, picked.kwargs()
 
 
@@ -185,11 +185,11 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     compiled_ = compiled(algorithm, max(workers, 1), tensor.numel(), dtype, frozen_options, transport.rank) \
         if workers > 1 else None
-    agreement = None
+    agreement, signature = None, digest(description)
     if check or check_finite:
-        known = seen_before(getattr(transport, "failure_key", ""), description)
+        known = seen_before(getattr(transport, "failure_key", ""), signature)
         # the first time (or with check_finite), before anything moves; after, riding along
-        agreement = Agreement(transport, description, before_data=not known or check_finite)
+        agreement = Agreement(transport, description, not known or check_finite, signature)
         if workers == 1:
             agreement.verify(deadline)
 
@@ -203,7 +203,7 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     if compiled_ is None:
         return _Done(tensor, transport)
     return Collective(compiled_.schedule, compiled_.plan, node_buffers(compiled_.schedule, transport.rank, flat),
-                      transport, deadline, agreement, finish, salt=int.from_bytes(digest(description)[:4], "little"),
+                      transport, deadline, agreement, finish, salt=int.from_bytes(signature[:4], "little"),
                       design=compiled_.design)
 
 

@@ -38,8 +38,8 @@ class ScratchPool:
     >>> pool = ScratchPool(limit_bytes=64)
     >>> a = pool.take(torch.float32, torch.device("cpu"), 10); pool.give(a); pool.idle_bytes()
     40
-    >>> pool.give(pool.take(torch.float32, torch.device("cpu"), 100)); pool.idle_bytes()   # over the limit
-    40
+    >>> pool.give(pool.take(torch.float32, torch.device("cpu"), 100)); pool.idle_bytes()   # 440 > 64: both go
+    0
     """
 
     def __init__(self, limit_bytes: int = SCRATCH_LIMIT_BYTES):
