@@ -73,7 +73,17 @@ def test_oversized_and_malformed_bodies_are_refused(client):
     assert client.post("/api/simulate", content=b"{" * 100_000, headers={"content-type": "application/json"}).status_code == 413
     assert client.post("/api/simulate", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
     assert client.get("/static/../../etc/passwd").status_code == 404
-    assert client.get("/api/schedule?algorithm=sharded&workers=64&elements=10000000").status_code in (200, 400)
+
+
+def test_schedule_endpoint_serves_the_largest_schedule_and_refuses_beyond_the_bound(client, monkeypatch):
+    # sharded on 64 workers is 2 x 64 x 63 = 8064 transfers (any element count): within MAX_TRANSFERS, so 200
+    url = "/api/schedule?algorithm=sharded&workers=64&elements=10000000"
+    r = client.get(url)
+    assert r.status_code == 200 and len(r.json()["transfers"]["src"]) == 2 * 64 * 63
+    from gradsync.web import view
+    monkeypatch.setattr(view, "MAX_TRANSFERS", 8063)
+    r = client.get(url)
+    assert r.status_code == 400 and "8064 transfers: at most 8063" in r.json()["detail"]
 
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),

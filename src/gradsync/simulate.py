@@ -57,9 +57,11 @@ class SimResult:
         return out
 
     def busiest_channel(self) -> tuple[str, float]:
-        """The busiest directed channel, as 'a->b', and the bytes it carried."""
-        c = int(np.argmax(self.channel_bytes)) if len(self.channel_bytes) else 0
-        return (self.channel_name(c), float(self.channel_bytes[c])) if len(self.channel_bytes) else ("-", 0.0)
+        """The busiest directed channel, as 'a->b', and the bytes it carried ('-' if none carried any)."""
+        if not self.channel_bytes.any():
+            return "-", 0.0
+        c = int(np.argmax(self.channel_bytes))
+        return self.channel_name(c), float(self.channel_bytes[c])
 
     def channel_name(self, c: int) -> str:
         link = self.topology.links[c // 2]
@@ -143,7 +145,13 @@ def _max_min_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
 def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4) -> SimResult:
     """Time ``schedule`` on ``topology`` with elements of ``itemsize`` bytes.
 
-    Worker w runs on ``topology.workers[w]``; the helper 'host' on ``topology.host``.
+    Worker w runs on ``topology.workers[w]``; the helper 'host' on ``topology.host``. A
+    schedule that moves nothing (one worker, or zero elements) takes no time:
+
+    >>> from gradsync.algorithms import ring
+    >>> from gradsync.topology import preset
+    >>> simulate(ring.schedule(1, 100), preset("ethernet", 1)).time
+    0.0
     """
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
         raise ConfigError(f"itemsize must be a positive integer number of bytes, got {itemsize!r}")
@@ -179,7 +187,7 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4) -> SimRe
     start, sent, done = (np.full(n_tr, np.nan) for _ in range(3))
     node_done = np.zeros(schedule.nodes)
     busy = np.zeros(n_channels + 1)
-    first_steps = np.flatnonzero(np.append(True, step_node[1:] != step_node[:-1]))
+    first_steps = np.flatnonzero(np.diff(step_node, prepend=-1))   # empty for an empty schedule
     pending, pending_at = first_steps, np.zeros(len(first_steps))
     active, remaining = np.empty(0, np.int64), np.empty(0)
     flying, flying_at = np.empty(0, np.int64), np.empty(0)

@@ -38,7 +38,10 @@ def parse_size(text) -> int:
     >>> parse_size("160MB")
     160000000
     """
-    return int(round(_parse(text, "size", "160MB or 4KiB", rate=False)))
+    value = _parse(text, "size", "160MB or 4KiB", rate=False)
+    if abs(value - round(value)) > 1e-9 * max(value, 1.0):
+        raise ConfigError(f"bad size {text!r}: {value:g} bytes is not a whole number of bytes")
+    return int(round(value))
 
 
 def parse_bandwidth(text) -> float:

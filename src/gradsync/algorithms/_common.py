@@ -26,12 +26,19 @@ class Net:
     ring_betas: tuple[float, ...] = ()
 
 
+MAX_WORKERS = 65536       # the largest ethernet preset
+MAX_ELEMENTS = 1 << 40    # offsets stay far inside int64 in every schedule's arithmetic
+
+
 def check_size(workers, elements) -> tuple[int, int]:
-    """Validate the two arguments every ``schedule`` function takes."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
-    if isinstance(elements, bool) or not isinstance(elements, int) or elements < 0:
-        raise ConfigError(f"elements must be an integer >= 0, got {elements!r}")
+    """Validate the two arguments every ``schedule`` function takes: ``check_size(4, 0) == (4, 0)``.
+
+    One worker and zero elements are valid trivial cases: the schedule moves nothing.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"workers must be an integer in 1..{MAX_WORKERS}, got {workers!r}")
+    if isinstance(elements, bool) or not isinstance(elements, int) or not 0 <= elements <= MAX_ELEMENTS:
+        raise ConfigError(f"elements must be an integer in 0..2**40, got {elements!r}")
     return workers, elements
 
 

@@ -56,8 +56,11 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, segments=None
     """Lock-step time of the pipeline on a switch: each round costs alpha plus its busiest
     link direction's segments times beta plus its busiest node's reductions times gamma.
 
-    The loads come from counting, per round, the segments each worker sends and receives in
-    the tree (steady state: 3 each way, 2 reductions); the first and last H rounds carry less.
+    The loads come from the timing rule above, not from ``schedule``: a worker of height h
+    sends segment k up in round k + h and one at depth d sends it down in round k + H + d, so
+    per round and per kind of worker (height, depth, children's heights) the segments in and
+    out are counts of open intervals (steady state: 3 each way, 2 reductions); the first and
+    last H rounds carry less.
     Exact (simulator within 1%) for complete trees (N = 2^k - 1) and bandwidth-bound messages;
     otherwise shallower branches run ahead of the lock-step and this is an upper bound (up to
     13% high for messages of 1-4 segments).
@@ -75,11 +78,25 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, segments=None
 
 
 def _loads(workers, segments):
-    """Per round: most segments on one link direction, and most segments one node reduces."""
-    t = schedule(workers, segments, segments=segments).transfers
-    shape = (t["round"].max() + 1, workers)
-    into, out, reduced = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    np.add.at(into, (t["round"], t["dst"]), 1)
-    np.add.at(out, (t["round"], t["src"]), 1)
-    np.add.at(reduced, (t["round"], t["dst"]), t["op"] == REDUCE)
-    return np.maximum(into, out).max(axis=1), reduced.max(axis=1)
+    """Per round: most segments on one link direction, and most segments one node reduces.
+
+    >>> [x.tolist() for x in _loads(3, 2)]
+    [[2, 2, 2], [2, 2, 0]]
+    """
+    node = np.arange(workers)
+    height = np.floor(np.log2(workers / (node + 1))).astype(np.int64)
+    depth = np.floor(np.log2(node + 1)).astype(np.int64)
+    kids = 2 * node[:, None] + np.array([1, 2])
+    kid_height = np.where(kids < workers, height[np.minimum(kids, workers - 1)], -1)   # -1: no child
+    kinds = np.unique(np.column_stack([height, depth, kid_height, node > 0]), axis=0)
+    h, d, k1, k2, up = (column[:, None] for column in kinds.T)
+    top = height[0]
+    r = np.arange(segments + 2 * top - 1)
+
+    def sending(first, present):      # 1 in the S rounds from ``first`` on, where ``present``
+        return (present & (first <= r) & (r < first + segments)).astype(np.int64)
+
+    from_kids = sending(k1, k1 >= 0) + sending(k2, k2 >= 0)
+    into = from_kids + sending(top + d - 1, up == 1)
+    out = sending(h, up == 1) + sending(top + d, k1 >= 0) + sending(top + d, k2 >= 0)
+    return np.maximum(into, out).max(axis=0), from_kids.max(axis=0)

@@ -6,6 +6,8 @@ Ethernet presets give hosts a reduce rate so that encode/decode work shows in CE
 
 from __future__ import annotations
 
+import inspect
+
 from ..errors import TopologyError
 from ..units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
@@ -16,8 +18,16 @@ CPU_REDUCE_RATE = 2e9  # elements/s a host core sums (memory bound, float32)
 CPU_MADD_RATE = 2.5e10 # multiply-adds/s in CERAR's skinny products (measured: 2 cores, float32)
 
 
+def _count(what: str, value, most: int) -> int:
+    """``value`` if it is an integer in 1..``most``, else TopologyError naming it: ``_count("gpus", 4, 64)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise TopologyError(f"{what}: expected an integer in 1..{most}, got {value!r}")
+    return value
+
+
 def pcie_switch(gpus: int = 4) -> Topology:
     """The seed's 4-GPU server: GPUs and the CPU each on a 16 GB/s link to one PCIe switch."""
+    gpus = _count("gpus", gpus, 64)
     nodes = [Node(f"gpu{i}", "gpu") for i in range(gpus)] + [Node("cpu", "cpu"), Node("switch", "switch")]
     links = [Link(n.name, "switch", PCIE, 1e-6) for n in nodes[:-1]]
     return Topology(f"pcie-switch-{gpus}", tuple(nodes), tuple(links),
@@ -75,6 +85,7 @@ def ethernet(workers: int = 8, nic="10Gbit/s", latency="10us") -> Topology:
 
 def lowbw_cluster(servers: int = 2, gpus: int = 4, nic="1Gbit/s") -> Topology:
     """``servers`` PCIe servers of ``gpus`` GPUs each, joined by slow Ethernet (default 1 Gbit/s)."""
+    servers, gpus = _count("servers", servers, 1024), _count("gpus", gpus, 64)
     bw = parse_bandwidth(nic)
     nodes, links, workers = [Node("switch", "switch"), Node("ps", "cpu", CPU_REDUCE_RATE, CPU_MADD_RATE)], [], []
     links.append(Link("ps", "switch", bw, 25e-6))
@@ -118,9 +129,16 @@ def preset(name: str, workers: int | None = None, **params) -> Topology:
     >>> preset("ethernet", workers=16).workers[-1]
     'host15'
     """
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise TopologyError(f"unknown topology preset {name!r}: expected one of {', '.join(PRESETS)} "
                             "or a .toml/.json/.yaml file")
+    known = [p for p in inspect.signature(PRESETS[name]).parameters if p != "workers"]
+    for key in params:
+        if key not in known:
+            raise TopologyError(f"unknown parameter {key!r} for preset {name!r}: expected "
+                                + (", ".join(known) if known else "none"))
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
+        raise TopologyError(f"workers: expected an integer, got {workers!r}")
     if name in PARAMETRIC:
         return PRESETS[name](workers=8 if workers is None else workers, **params)
     topo = PRESETS[name](**params)
