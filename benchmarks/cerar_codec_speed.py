@@ -4,7 +4,7 @@ Usage: python benchmarks/cerar_codec_speed.py [--elements 16777216] [--repeats 7
 For N in {4, 8, 16} and c in {N, 1.5N, 2N, 3N}, float32: one worker's encode (one
 (L x c) @ (c x m) product giving every round's packet update F_j) and decode (one
 (c x 2c) @ (2c x m) product), timed as medians, in numpy and in torch, each against its own
-copy of the gradient into a preallocated buffer (target for issue 3: at least 20% of copy
+copy of the gradient into a preallocated buffer (target: at least 20% of copy
 bandwidth for c <= 2N). The L per-round adds (forward what arrived plus F_j(t)) are the
 protocol's reduction work, like ring's adds, and are listed apart.
 """

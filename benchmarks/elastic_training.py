@@ -1,4 +1,4 @@
-"""Elastic training under a fault drill (issue 7): the same run fault-free and with one worker
+"""Elastic training under a fault drill: the same run fault-free and with one worker
 (torchrun agent and its process) SIGKILLed every ``--kill-every`` seconds and replaced; compare
 final accuracy, steps, restarts and wall time, and check every recovery's replica agreement.
 

@@ -1,8 +1,8 @@
 """Emulation speed against numpy's own sum, on the same inputs, in the same process.
 
 Usage: python benchmarks/emulate_speed.py [--workers 8] [--elements 16777216] [--repeats 5]
-Prints, per algorithm, the median time and the ratio numpy_time / emulation_time (target for
-issue 2: >= 0.25).
+Prints, per algorithm, the median time and the ratio numpy_time / emulation_time (target:
+>= 0.25).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Long-form fault injection (issue 7): SIGKILL one worker at a random moment of a stream of
+"""Long-form fault injection: SIGKILL one worker at a random moment of a stream of
 all-reduces, over many trials, algorithms and worker counts (3-6); record hangs, wrong
 results, survivors naming the victim, and detection-time percentiles.
 

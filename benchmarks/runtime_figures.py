@@ -1,4 +1,4 @@
-"""Issue 4's figures on this machine: busbw against Gloo's own all-reduce, prediction error
+"""The runtime's figures on this machine: busbw against Gloo's own all-reduce, prediction error
 after calibration, bucketing gain, and per-collective overhead at 4 KB.
 
 Usage: python benchmarks/runtime_figures.py [--workers 2,4] [--out docs/runtime_results.json]

@@ -2,7 +2,7 @@
 and the time from a parameter change to the first frame drawn with the new data.
 
 Usage: python benchmarks/web_view.py  (needs Debian's chromium; starts its own server)
-Targets (issue 6): >= 30 frames per second at 64 workers; updates within 200 ms for N <= 64.
+Targets: >= 30 frames per second at 64 workers; updates within 200 ms for N <= 64.
 """
 
 import socket

@@ -35,7 +35,7 @@ import numpy as np
 from .schedule import CODED, COPY, REDUCE, Schedule
 
 HOST_RANK = 0           # the process that runs helper nodes (the host CPU beside worker 0)
-PIECE_BYTES = int(os.environ.get("GRADSYNC_PIECE_BYTES", 1 << 20))   # pieces of at least this ...
+PIECE_BYTES = int(os.environ.get("GRADSYNC_PIECE_BYTES", 4 << 20))   # pieces of at least this ...
 PIECES = 8              # ... and at most this many: each message costs the engine a rendezvous
 MAX_PIECES = 64         # tags are transfer index * MAX_PIECES + piece
 
