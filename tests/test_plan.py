@@ -11,6 +11,7 @@ import torch
 from gradsync import algorithms
 from gradsync.algorithms import central, halving_doubling, ring
 from gradsync.errors import MismatchError
+from gradsync import plan as plan_module
 from gradsync.plan import compile_plan
 from gradsync.runtime.api import compiled, frozen, prepare
 from gradsync.runtime.transport import MemoryTransport
@@ -37,10 +38,20 @@ def run_group(inputs, algorithm, seed=0, op="sum", **options):
     return out
 
 
+@pytest.fixture(params=[None, 64 << 10], ids=["default-pieces", "64KB-pieces"])
+def piece_bytes(request, monkeypatch):
+    """Run with the default piece size, and with small pieces (many per transfer)."""
+    if request.param is not None:
+        monkeypatch.setattr(plan_module, "PIECE_BYTES", request.param)
+    compiled.cache_clear()
+    yield
+    compiled.cache_clear()
+
+
 @pytest.mark.parametrize("algorithm", algorithms.names(exact=True))
 @pytest.mark.parametrize("workers", [2, 3, 5])
 @pytest.mark.parametrize("elements", [0, 1, 7, 600_001])
-def test_every_exact_plan_sums_exactly_with_messages_in_any_order(algorithm, workers, elements):
+def test_every_exact_plan_sums_exactly_with_messages_in_any_order(algorithm, workers, elements, piece_bytes):
     rng = np.random.default_rng(workers * 1000 + elements)
     inputs = [torch.tensor(rng.integers(-1000, 1000, elements), dtype=torch.float64) for _ in range(workers)]
     expected = np.sum([x.numpy() for x in inputs], axis=0)
@@ -50,7 +61,7 @@ def test_every_exact_plan_sums_exactly_with_messages_in_any_order(algorithm, wor
             np.testing.assert_array_equal(got.numpy(), expected, err_msg=f"rank {r}")
 
 
-def test_cerar_plan_is_within_its_design_error():
+def test_cerar_plan_is_within_its_design_error(piece_bytes):
     rng = np.random.default_rng(3)
     inputs = [torch.tensor(rng.standard_normal(300_001)) for _ in range(3)]
     expected = np.sum([x.numpy() for x in inputs], axis=0)
@@ -72,7 +83,7 @@ def test_a_mismatch_in_the_steady_state_is_named_on_every_rank_and_nothing_is_ap
 
 
 def test_pieces_of_a_send_wait_only_for_what_they_read():
-    plan = compile_plan(ring.schedule(4, 4_000_000), rank=1, itemsize=4)
+    plan = compile_plan(ring.schedule(4, 4_000_000), rank=1, itemsize=4, piece=250_000)   # 4 pieces a chunk
     first_of_round_1 = next(s for s in plan.steps if s.round == 1)
     # piece 0 of round 1 leaves once piece 0 of round 0 is in, not the whole round
     assert first_of_round_1.applies == 1 < sum(r.round == 0 for r in plan.receives)

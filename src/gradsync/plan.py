@@ -20,9 +20,9 @@ earlier-round piece it reads was applied, every receive is posted before it is a
 no two receives share scratch while both are live.
 
 >>> from gradsync.algorithms import ring
->>> p = compile_plan(ring.schedule(4, 4_000_000), rank=1, itemsize=4)
+>>> p = compile_plan(ring.schedule(4, 4_000_000), rank=1, itemsize=4, piece=250_000)
 >>> len(p.steps), len(p.sends), p.scratch <= 2 * 4_000_000 // 4
-(18, 18, True)
+(24, 24, True)
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after
     last round, a broadcast's leaf), it is posted in place at the end, once this rank's sends
     are done; else it lands in scratch.
     """
-    posted_at, waits = [], {}
+    posted_at, waits, ideals = [], {}, []
     for j, r in enumerate(receives):
         ideal = -1
         for n, (rnd, pos) in enumerate(keys):        # latest step of round r - 1 at or before this piece
@@ -228,6 +228,20 @@ def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after
         elif r.op != CODED:
             receives[j] = _in_scratch(r)
         posted_at.append(point)
+        ideals.append(ideal)
+    # Engines that match messages by their order between two ranks, not by tag (NCCL), need
+    # the receives from a peer posted in the order the peer sends them: a receive deferred to
+    # the end is brought back to its round, in scratch, if a later one from that peer is not.
+    order_kept = False
+    while not order_kept:
+        order_kept, latest = True, {}
+        for j, r in enumerate(receives):
+            point, k = latest.get(r.peer, (-1, None))
+            if posted_at[j] < point:
+                receives[k], posted_at[k] = _in_scratch(receives[k]), ideals[k]
+                order_kept = False
+                break
+            latest[r.peer] = (posted_at[j], j)
     return posted_at, waits
 
 
@@ -285,6 +299,10 @@ def check(plan: Plan, applied_at: list[int]) -> None:
     posted.update({j: len(plan.steps) for j in plan.drain_posts})
     assert sorted(posted) == list(range(len(plan.receives))), "a receive is never posted"
     end = len(plan.steps)
+    latest: dict[int, int] = {}
+    for j, r in enumerate(plan.receives):
+        assert posted[j] >= latest.get(r.peer, -1), f"receive {r} is posted before an earlier one from its peer"
+        latest[r.peer] = posted[j]
     for j, r in enumerate(plan.receives):
         assert posted[j] < applied_at[j] or posted[j] == applied_at[j] == end, \
             f"receive {r} is awaited before it is posted"
