@@ -36,6 +36,7 @@ from .schedule import CODED, COPY, REDUCE, Schedule
 
 HOST_RANK = 0           # the process that runs helper nodes (the host CPU beside worker 0)
 PIECE_BYTES = int(os.environ.get("GRADSYNC_PIECE_BYTES", 4 << 20))   # pieces of at least this ...
+CODED_PIECE_BYTES = 1 << 20   # ... or this for coded packets, whose encoding each piece overlaps
 PIECES = 8              # ... and at most this many: each message costs the engine a rendezvous
 MAX_PIECES = 64         # tags are transfer index * MAX_PIECES + piece
 
@@ -109,7 +110,7 @@ def piece_bounds(count: int, piece: int) -> list[tuple[int, int]]:
 
 
 def piece_elements(itemsize: int) -> int:
-    """The least piece, in elements of ``itemsize`` bytes: ``piece_elements(4)`` is 262144."""
+    """The least piece of exact transfers, in elements of ``itemsize`` bytes (PIECE_BYTES of them)."""
     return max(1, PIECE_BYTES // itemsize)
 
 
@@ -118,11 +119,12 @@ def _overlaps(a: Piece, b: Piece) -> bool:
 
 
 def _cut(schedule: Schedule, index: np.ndarray, peer_of: np.ndarray, node_of: np.ndarray,
-         piece: int) -> list[Piece]:
+         piece: int, coded_piece: int) -> list[Piece]:
     t = schedule.transfers
     out = []
     for i in index.tolist():
-        for k, (a, b) in enumerate(piece_bounds(int(t["count"][i]), piece)):
+        least = coded_piece if t["op"][i] == CODED else piece
+        for k, (a, b) in enumerate(piece_bounds(int(t["count"][i]), least)):
             out.append(Piece(int(t["round"][i]), int(peer_of[i]), i * MAX_PIECES + k, int(node_of[i]),
                              int(t["offset"][i]) + a, b - a, int(t["op"][i]), k))
     return out
@@ -131,21 +133,23 @@ def _cut(schedule: Schedule, index: np.ndarray, peer_of: np.ndarray, node_of: np
 def compile_plan(schedule: Schedule, rank: int, itemsize: int, ops: tuple = (REDUCE, COPY, CODED),
                  piece: int | None = None) -> Plan:
     """Compile ``rank``'s part of the ``ops`` transfers of ``schedule`` (elements of ``itemsize``
-    bytes) into a checked plan. ``piece``: the least piece in elements (default PIECE_BYTES).
+    bytes) into a checked plan. ``piece``: the least piece in elements (default PIECE_BYTES, or
+    CODED_PIECE_BYTES for coded transfers).
 
     >>> from gradsync.algorithms import central
     >>> p = compile_plan(central.schedule(3, 10), rank=1, itemsize=4)
     >>> [(s.round, s.peer) for s in p.sends], [(r.round, r.scratch) for r in p.receives]
     ([(0, 0)], [(1, -1)])
     """
+    coded_piece = max(1, CODED_PIECE_BYTES // itemsize) if piece is None else piece
     piece = piece_elements(itemsize) if piece is None else piece
     t = schedule.transfers
     src, dst = rank_of(schedule, t["src"]), rank_of(schedule, t["dst"])
     chosen = np.isin(t["op"], ops)
     order = np.lexsort((np.arange(len(t)), t["round"]))
     mine = order[chosen[order]]
-    sends = _cut(schedule, mine[(src[mine] == rank) & (dst[mine] != rank)], dst, t["src"], piece)
-    receives = _cut(schedule, mine[(dst[mine] == rank) & (src[mine] != rank)], src, t["dst"], piece)
+    sends = _cut(schedule, mine[(src[mine] == rank) & (dst[mine] != rank)], dst, t["src"], piece, coded_piece)
+    receives = _cut(schedule, mine[(dst[mine] == rank) & (src[mine] != rank)], src, t["dst"], piece, coded_piece)
     receives.sort(key=lambda r: (r.round, r.position))          # plan order: by round, then piece
     locals_ = mine[(src[mine] == rank) & (dst[mine] == rank)]
     local_rounds: dict[int, list[Local]] = {}
