@@ -3,6 +3,9 @@
 >>> import numpy as np, gradsync
 >>> gradsync.emulate("tree", [np.ones(3), np.ones(3)])[0].tolist()
 [2.0, 2.0, 2.0]
+>>> from gradsync.topology import preset
+>>> round(gradsync.simulate(gradsync.schedule("ring", 4, 1000), preset("pcie-switch-4")).time * 1e6, 1)
+12.4
 """
 
 from .algorithms import REGISTRY as ALGORITHMS
@@ -10,9 +13,10 @@ from .algorithms import build as schedule
 from .emulate import emulate
 from .errors import ConfigError, GradsyncError, MismatchError, PeerError, ScheduleError, TopologyError
 from .schedule import Schedule, verify
+from .simulate import simulate   # the function; its module stays importable as gradsync.simulate
 
 __all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "PeerError", "Schedule",
-           "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "verify"]
+           "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "simulate", "verify"]
 
 
 def all_reduce(tensor, algorithm="ring", op="sum", group=None, timeout=None, check=True, **options):
