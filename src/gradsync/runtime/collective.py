@@ -160,8 +160,7 @@ class Collective:
         if self.agreement is not None:
             self.agreement.post()
             if self.agreement.before_data:
-                self.agreement.verify(self.deadline)
-                self.agreement = None
+                self._verify_agreement()
         flat = self.buffers.get(self.transport.rank)
         if self.schedule.codec is not None:
             return self._run_coded(flat)
@@ -203,9 +202,7 @@ class Collective:
         def apply(upto):
             nonlocal applied
             while applied < upto:
-                if self.agreement is not None:
-                    self.agreement.verify(deadline)
-                    self.agreement = None
+                self._verify_agreement()
                 j, r = applied, plan.receives[applied]
                 transport.wait([receives.pop(j)], deadline)
                 if r.scratch >= 0:
@@ -233,8 +230,13 @@ class Collective:
         post((), plan.drain_posts)
         apply(len(plan.receives))
         wait_sends(list(sends))
+        self._verify_agreement()
+
+    def _verify_agreement(self) -> None:
+        """Before the first received piece is used: every rank runs this same collective."""
         if self.agreement is not None:
-            self.agreement.verify(deadline)
+            self.agreement.verify(self.deadline)
+            self.agreement = None
 
     def _send_data(self, k: int) -> torch.Tensor:
         s = self.plan.sends[k]
@@ -264,9 +266,7 @@ class Collective:
         post_receives(plan.first_posts)
         for step in plan.steps:
             while applied < step.applies:
-                if self.agreement is not None:
-                    self.agreement.verify(deadline)
-                    self.agreement = None
+                self._verify_agreement()
                 transport.wait([receives.pop(applied)], deadline)
                 applied += 1
             if step.round != current:              # packets are kept until sent: two rounds at most
@@ -283,8 +283,7 @@ class Collective:
             post_receives(step.posts)
         post_receives(plan.drain_posts)
         transport.wait([receives.pop(j) for j in sorted(receives)] + [h for h, _ in older + sending], deadline)
-        if self.agreement is not None:
-            self.agreement.verify(deadline)
+        self._verify_agreement()
         if rounds_received:
             worker.received(rounds_received[-1])
         return worker.result()
