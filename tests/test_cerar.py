@@ -74,7 +74,8 @@ def test_estimates_match_the_closed_form_error(workers, components, eps, rng):
 def test_every_worker_sends_L_packets_of_m(workers, components, elements, rng):
     m = -(-elements // components)
     rounds = components + workers - 2
-    s = gradsync.schedule("cerar", workers, elements, components=components)
+    # what is sent does not depend on accuracy: (16, 48) is beyond float32's default max_error
+    s = gradsync.schedule("cerar", workers, elements, components=components, max_error=1.0)
     gradsync.verify(s)
     assert s.elements_sent().tolist() == [rounds * m] * workers
     assert sorted(set(s.transfers["round"].tolist())) == list(range(1, rounds + 1))
@@ -136,7 +137,7 @@ def test_predicted_error_tracks_the_measured_one():
     (dict(components=8, eps=1.5), "eps must be"),
     (dict(components=16, max_cond=2.0), "no unity design"),
     (dict(components=8, max_cond=1e300), "max_cond must be"),
-    (dict(components=8, construction="magic"), "unknown construction"),
+    (dict(components=8, construction="magic"), "construction must be one of"),
     (dict(components=8, eps=1e-3, max_cond=1e4), "not both"),
 ])
 def test_parameters_that_cannot_work_are_refused(kwargs, message):

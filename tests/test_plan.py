@@ -1,8 +1,6 @@
 """Plans and the collective, every rank a thread of this process (the in-memory transport
 delivers matched messages in random order, some time after posting), against numpy sums."""
 
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -13,29 +11,8 @@ from gradsync.algorithms import central, halving_doubling, ring
 from gradsync.errors import MismatchError
 from gradsync import plan as plan_module
 from gradsync.plan import compile_plan
-from gradsync.runtime.api import compiled, frozen, prepare
-from gradsync.runtime.transport import MemoryTransport
-
-
-def run_group(inputs, algorithm, seed=0, op="sum", **options):
-    """Every rank's result (or exception) of one all-reduce over threads."""
-    transports = MemoryTransport.group(len(inputs), seed)
-    out = [None] * len(inputs)
-
-    def rank(r):
-        try:
-            t = inputs[r].clone()
-            prepare(t, algorithm, op, transports[r], time.monotonic() + 20, True, False, options).start(True).wait()
-            out[r] = t
-        except Exception as exc:       # noqa: BLE001 - reported to the test
-            out[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out
+from gradsync.runtime.api import compiled, frozen
+from thread_groups import run_group
 
 
 @pytest.fixture(params=[None, 64 << 10], ids=["default-pieces", "64KB-pieces"])

@@ -28,6 +28,16 @@ def test_crossover_lies_between_its_grid_points():
         assert choose(topo, int(c.nbytes * 0.9)).label == c.below or choose(topo, int(c.nbytes * 1.05)).label == c.above
 
 
+def test_every_change_between_two_grid_points_is_reported():
+    # central wins small messages, tree middling ones, ring large ones: two changes, one interval.
+    topo, pool = preset("ethernet", 8), ["central", "ring", "tree"]
+    _, crossovers = table(topo, [1000, 10**9], candidates=pool)
+    assert [(c.below, c.above) for c in crossovers] == [("central", "tree"), ("tree", "ring")]
+    for c in crossovers:
+        assert choose(topo, int(c.nbytes * 0.97), candidates=pool).label == c.below
+        assert choose(topo, int(c.nbytes * 1.03), candidates=pool).label == c.above
+
+
 def test_large_worker_counts_use_the_closed_forms():
     topo = preset("ethernet", workers=512)
     assert choose(topo, 1 << 30).label in EXACT

@@ -53,10 +53,74 @@ class Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _topology(name, workers):
-    if workers is not None and workers < 1:
-        raise click.BadParameter(f"must be >= 1, got {workers}", param_hint="'--workers'")
-    return resolve(name, workers)
+# Limits, stated up front so that a command refuses at once instead of running for minutes.
+MAX_BYTES = 10**12            # 1 TB: beyond any gradient, far inside the schedules' int64 offsets
+SIMULATED = (1024, "a ring of N workers is 2N(N-1) transfers: at 1024 workers compare takes about 80 s and "
+                   "1.1 GB, and one ring of 4096 took 149 s and 6.7 GB")
+TUNED = (4096, "above 64 workers the tuner uses closed forms: 4096 workers take about 7 s, 65536 took 194 s and 8 GB")
+CERAR_WORKERS = (64, "its optimized design takes about 14 s at 64 workers and 160 s at 256")
+CERAR_TUNED = (32, "each size designs 5 CERAR codes: 32 workers take about 36 s, 64 took 182 s")
+MAX_COMPONENTS = 256          # CERAR designs beyond take minutes
+
+
+def _topology(name, workers, limit=None):
+    """Resolve a topology of 2 to ``limit[0]`` workers (default SIMULATED); else one line naming the count and why."""
+    most, why = limit or SIMULATED
+    if workers is not None and not 2 <= workers <= most:
+        raise click.BadParameter(f"expected 2..{most} workers, got {workers}: "
+                                 + ("an all-reduce needs at least 2" if workers < 2 else why), param_hint="'--workers'")
+    topo = resolve(name, workers)
+    n = len(topo.workers)
+    if not 2 <= n <= most:
+        raise click.BadParameter(f"topology {name!r} has {n} worker(s), expected 2..{most}: "
+                                 + ("an all-reduce needs at least 2" if n < 2 else why), param_hint="'--topology'")
+    return topo
+
+
+def _elements(nbytes, dtype, option="--size", most=MAX_BYTES) -> int:
+    """The whole number of ``dtype`` elements in ``nbytes``; one line naming the size unless it is one
+    element to ``most`` bytes and a multiple of the element size: ``_elements(4000, "float32") == 1000``."""
+    itemsize = DTYPES[dtype]
+    if not itemsize <= nbytes <= most or nbytes % itemsize:
+        got = f"{nbytes} B" if nbytes < 10**15 else format_size(nbytes)
+        raise click.BadParameter(f"expected a whole number of {dtype} elements ({itemsize} B each) from "
+                                 f"{itemsize} B to {format_size(most)}, got {got}", param_hint=f"'{option}'")
+    return nbytes // itemsize
+
+
+def _writable(path, option):
+    """Refuse, before any long work, an output path that cannot be written: ``_writable("c.json", "--out")``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    problem = ("it is a directory" if os.path.isdir(path) else
+               f"no directory {folder!r}" if not os.path.isdir(folder) else
+               f"directory {folder!r} is not writable" if not os.access(folder, os.W_OK) else
+               "the file is not writable" if os.path.exists(path) and not os.access(path, os.W_OK) else None)
+    if problem:
+        raise click.BadParameter(f"cannot write {path!r}: {problem}", param_hint=f"'{option}'")
+
+
+def _affordable(chosen, names, workers, hint="'--algorithms'"):
+    """``chosen`` without CERAR above CERAR_WORKERS: a note when it came from the default list,
+    a one-line refusal when named (``names`` not None)."""
+    most, why = CERAR_WORKERS
+    if "cerar" not in chosen or workers <= most:
+        return chosen
+    message = f"takes at most {most} workers, got {workers}: {why}"
+    if names is not None:
+        raise click.BadParameter(f"cerar {message}", param_hint=hint)
+    click.echo(f"gradsync: note: cerar left out: it {message}", err=True)
+    return [a for a in chosen if a != "cerar"]
+
+
+def _steps(total, label):
+    """A progress bar on stderr when it is a terminal, else a no-op: ``step = _steps(3, "compare")``."""
+    if not sys.stderr.isatty():
+        return lambda description: None
+    from .progress import bar
+    return bar(total, label)
+
+
+OPTION_LIMITS = {"components": MAX_COMPONENTS, "segments": 4096}   # larger ones take minutes to build
 
 
 def _parse_options(pairs) -> dict:
@@ -67,8 +131,11 @@ def _parse_options(pairs) -> dict:
             raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'--option'")
         try:
             options[key] = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             options[key] = value
+        most = OPTION_LIMITS.get(key)
+        if most is not None and isinstance(options[key], (int, float)) and options[key] > most:
+            raise click.BadParameter(f"{key} must be at most {most}, got {options[key]!r}", param_hint="'--option'")
     return options
 
 
@@ -102,9 +169,9 @@ def _emit(fmt, rows, render):
 
 def _print_table(headers, rows):
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    t = Table(*headers, box=None, header_style="bold", pad_edge=False)
+    t = Table(*(Column(h, overflow="fold") for h in headers), box=None, header_style="bold", pad_edge=False)
     for row in rows:
         t.add_row(*map(str, row))
     Console(width=160).print(t)
@@ -133,26 +200,28 @@ def main():
 @click.option("--algorithms", "names", default=None,
               help="Comma-separated algorithms to compare (default: every one that takes the dtype; "
                    "see 'gradsync list').")
-@click.option("--components", "-c", type=int, default=None,
+@click.option("--components", "-c", type=click.IntRange(1, MAX_COMPONENTS), default=None,
               help="Components, for the algorithms that take them (CERAR; default 2N).")
 @format_option
 def compare(topology, size, workers, dtype, names, components, fmt):
     """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw.
 
-    CERAR runs with its optimized design for the dtype; its row shows the predicted error.
+    CERAR runs with its default design for the dtype (the one of least error); its row shows the
+    predicted error. A c whose design would be too inaccurate stops the command, naming the
+    largest c that is not.
     """
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
-    elements = size // itemsize
+    elements = _elements(size, dtype)
     nbytes = elements * itemsize
-    rows = []
-    for name in _chosen(names, dtype):
+    chosen = _affordable(_chosen(names, dtype), names, n)
+    step, rows = _steps(len(chosen), "compare"), []
+    for name in chosen:
+        step(f"{name} on {n} workers")
         options = default_options(name, topo, n)
         if "components" in algorithms.get(name).options:
             options["components"] = components
-        if name == "cerar":                                  # its best design for the dtype
-            options["construction"] = "optimized"
-        schedule = algorithms.build(name, n, elements, dtype=dtype, **options)
+        schedule = algorithms.build(name, n, elements, dtype=dtype, **options)   # CERAR: its best design
         result = simulate(schedule, topo, itemsize)
         link, link_bytes = result.busiest_channel()
         options = {k: v for k, v in options.items() if k not in ("construction",)}
@@ -170,6 +239,7 @@ def compare(topology, size, workers, dtype, names, components, fmt):
             row["approx_2n_over_B_s"] = 2 * nbytes / bandwidth
             row["approx_bandwidth_Bps"] = bandwidth
         rows.append(row)
+    step(None)
 
     def render(rows):
         click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(nbytes)} {dtype}")
@@ -205,10 +275,17 @@ def compare(topology, size, workers, dtype, names, components, fmt):
 @format_option
 def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, fmt):
     """Simulate one all-reduce on a topology; optionally write its timeline as JSON."""
+    if out:
+        _writable(out, "--out")
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
+    elements = _elements(size, dtype)
+    _affordable([algorithm], algorithm, n, hint="'--algorithm'")
     options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
-    result = simulate(algorithms.build(algorithm, n, size // itemsize, dtype=dtype, **options), topo, itemsize)
+    step = _steps(1, "simulate")
+    step(f"{algorithm} on {n} workers")
+    result = simulate(algorithms.build(algorithm, n, elements, dtype=dtype, **options), topo, itemsize)
+    step(None)
     summary = result.to_dict(timeline=False)
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
     if out:
@@ -240,7 +317,12 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
 @format_option
 def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     """Print the fastest algorithm per message size and the sizes where the choice changes."""
-    topo = _topology(topology, workers)
+    topo = _topology(topology, workers, TUNED)
+    if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
+        raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
+                                 param_hint="'--max-error'")
+    _elements(min_size, dtype, "--min-size")
+    _elements(max_size, dtype, "--max-size")
     if not 0 < min_size <= max_size:
         raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
     itemsize = DTYPES[dtype]
@@ -254,8 +336,9 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     def render(o):
         click.echo(f"{topo.name}: {topo.description}; {o['workers']} workers")
         names = list(rows[0]["times_s"])
-        _print_table(["size", "best"] + names,
-                     [[format_size(r["bytes"]), r["best"]] + [format_time(r["times_s"][a]) for a in names]
+        short = {a: a.replace("(components=", " c=").replace("(", " ").replace(")", "") for a in names}
+        _print_table(["size", "best"] + [short[a] for a in names],
+                     [[format_size(r["bytes"]), short[r["best"]]] + [format_time(r["times_s"][a]) for a in names]
                       for r in rows])
         for c in o["crossovers"]:
             click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
@@ -263,23 +346,39 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     _emit(fmt, out, render)
 
 
-def _sizes(sizes, min_size, max_size):
-    if sizes:
-        out = [parse_size(x) for x in sizes.split(",") if x.strip()]
+def _ladder(lo, hi):
+    """Round sizes from ``lo`` up to exactly ``hi``, about 4x apart: powers of 4 below ``hi`` when
+    it is a power of two (4 KiB, 16 KiB, ...), else 1, 4, 16, 64, 250 times 1000^k.
+
+    >>> _ladder(4000, 16_000_000)
+    [4000, 16000, 64000, 250000, 1000000, 4000000, 16000000]
+    """
+    if hi & (hi - 1) == 0:
+        steps = [hi >> 2 * k for k in range(1, hi.bit_length() // 2 + 1)]
     else:
-        if not 0 < min_size <= max_size:
-            raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
-        out, n = [], min_size
-        while n <= max_size:
-            out.append(n)
-            n *= 4
-    if not out or min(out) < 0 or max(out) > 4 << 30:
-        raise click.BadParameter(f"sizes must be between 0 and 4GiB, got {sizes!r}", param_hint="'--sizes'")
-    return out
+        steps = [m * 1000**k for k in range(5) for m in (1, 4, 16, 64, 250)]
+    return sorted({n for n in steps if lo <= n <= hi // 2} | {hi})
+
+
+def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
+    """Bench sizes in bytes, each a whole number of ``dtype`` elements: the ``--sizes`` list, or
+    round sizes from ``--min-size`` up to exactly ``--max-size``. ``_sizes("4KB", None, None, "float32")``."""
+    if sizes is not None:
+        out = [parse_size(x) for x in sizes.split(",") if x.strip()]
+        if not out:
+            raise click.BadParameter(f"expected comma-separated sizes like 4KB,1MB, got {sizes!r}", param_hint="'--sizes'")
+        for n in out:
+            _elements(n, dtype, "--sizes", most)
+        return out
+    _elements(min_size, dtype, "--min-size", most)
+    _elements(max_size, dtype, "--max-size", most)
+    if not min_size <= max_size:
+        raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
+    return [n for n in _ladder(min_size, max_size) if n % DTYPES[dtype] == 0]
 
 
 @main.command()
-@click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True,
+@click.option("--workers", "-n", type=click.IntRange(2, 64), default=4, show_default=True,
               help="Local worker processes (Gloo over 127.0.0.1).")
 @click.option("--algorithms", "names", default=None,
               help="Comma-separated algorithms (default: every one that takes the dtype; see 'gradsync list'); "
@@ -309,7 +408,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     chosen = _chosen(names, dtype)
     options = {a: {"components": components} for a in chosen
                if components and "components" in algorithms.get(a).options}
-    byte_sizes = _sizes(sizes, min_size, max_size)
+    byte_sizes = _sizes(sizes, min_size, max_size, dtype)
+    topo = _predictor(topology, chosen, options, dtype, workers)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
     if backend == "mpi":
         rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
@@ -328,7 +428,6 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             for r in rows:
                 r["link_limit_GBps"] = limit / 1e9
                 r["busbw_of_limit"] = r["busbw_GBps"] * 1e9 / limit
-    topo = _topology(topology, workers) if topology else None
     if topo is None and link_bandwidth and "RANK" not in os.environ:    # the emulated switch, as a topology
         from .topology import preset
         topo = preset("ethernet", workers=workers, nic=link_bandwidth, latency="50us")
@@ -356,6 +455,19 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         _print_table(headers, table)
 
     _emit(fmt, rows, render)
+
+
+def _predictor(topology, chosen, options, dtype, workers):
+    """Bench's ``--topology``, resolved and placed for every algorithm before anything is launched."""
+    if topology is None:
+        return None
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # under torchrun, the group's size
+        workers = int(os.environ["WORLD_SIZE"])
+    topo = _topology(topology, workers)
+    for name in chosen:                                       # refuses e.g. 'host' on a topology without one
+        opts = {**default_options(name, topo, workers), **options.get(name, {})}
+        simulate(algorithms.build(name, workers, 0, dtype=dtype, **opts), topo, DTYPES[dtype])
+    return topo
 
 
 def _links(workers, bandwidth, latency=None):
@@ -410,7 +522,7 @@ def _bench_under_torchrun(bench_mod, args):
 
 
 @main.command()
-@click.option("--workers", "-n", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--workers", "-n", type=click.IntRange(2, 64), default=4, show_default=True)
 @click.option("--out", "-o", default="calibrated.json", show_default=True,
               help="Topology file to write (.json or .yaml).")
 @click.option("--repeats", type=click.IntRange(3, 1000), default=10, show_default=True)
@@ -423,6 +535,7 @@ def calibrate(workers, out, repeats, launches, fmt):
 
     if not out.endswith((".json", ".yaml", ".yml")):
         raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
+    _writable(out, "--out")
     fit = cal.calibrate(workers, repeats, launches)
     path = cal.write(fit, out)
     fit["topology_file"] = str(path)
@@ -491,12 +604,16 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         raise click.BadParameter(f"must be at least the number of workers ({workers})", param_hint="'--batch-size'")
     if plot and not plot.endswith(".png"):
         raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
+    if plot:
+        _writable(plot, "--plot")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
     cfg.check(workers)
     if elastic:
         return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
     if min_workers is not None or kill_every is not None:
         raise click.UsageError("--min-workers and --kill-every need --elastic")
+    if algorithm != "auto" and not algorithms.get(algorithm).exact:   # refuse a design too inaccurate here,
+        algorithms.build(algorithm, workers, 1, dtype="float32", **cfg.options())   # not in every worker
     progress = fmt == "table" and sys.stderr.isatty()
     with _links(workers, link_bandwidth, link_latency) as network:
         result = run_training(workers, cfg, progress, network)
@@ -544,6 +661,10 @@ def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
                    f"{cfg.model} on digits, global batch {cfg.batch_size}"
                    + (f", one worker killed every {kill_every:g} s" if kill_every else ""), err=True)
     result = elastic.train(workers, cfg, min_workers, kill_every)
+    if kill_every and not result["kills"]:
+        result["note"] = (f"no worker was killed: training ran {result['elapsed_s']:.0f} s, and a kill needs "
+                          f"--kill-every {kill_every:g} s of running training; use a smaller --kill-every or more --epochs")
+        click.echo(f"gradsync: note: {result['note']}", err=True)
 
     def render(r):
         _print_table(["epoch", "step", "workers", "train loss", "test acc.", "at"],
@@ -585,30 +706,43 @@ def list_cmd(fmt):
 
 
 @main.command("cerar")
-@click.option("--workers", "-n", type=click.IntRange(min=2), required=True, help="Workers on the ring (N).")
-@click.option("--components", "-c", type=click.IntRange(min=1), required=True, help="Components (c).")
+@click.option("--workers", "-n", type=click.IntRange(2, CERAR_WORKERS[0]), required=True, help="Workers on the ring (N).")
+@click.option("--components", "-c", type=click.IntRange(1, MAX_COMPONENTS), required=True, help="Components (c).")
 @click.option("--eps", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Radial step of the perturbation layers (c > N).")
 @click.option("--max-cond", type=click.FloatRange(1, 1e15, max_open=True), default=None,
               help="Bound on cond(M); the design meets it (default: the best for the dtype).")
-@click.option("--construction", type=click.Choice(["unity", "vandermonde", "optimized"]), default="unity",
-              show_default=True)
+@click.option("--construction", type=click.Choice(["unity", "vandermonde", "optimized"]), default=None,
+              help="Default: the one of least error for N, c and the dtype.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
-@click.option("--elements", type=click.IntRange(min=1), default=1 << 16, show_default=True,
+@click.option("--elements", type=click.IntRange(1, 1 << 22), default=1 << 16, show_default=True,
               help="Elements per worker of the random gradients the error is measured on.")
+@click.option("--max-error", type=click.FloatRange(0, min_open=True), default=0.01, show_default=True,
+              help="Refuse a design whose relative error would be above this.")
 @format_option
-def cerar_cmd(workers, components, eps, max_cond, construction, dtype, elements, fmt):
-    """Design a CERAR code and measure it: rounds, rates, cond(M), predicted and measured error."""
+def cerar_cmd(workers, components, eps, max_cond, construction, dtype, elements, max_error, fmt):
+    """Design a CERAR code and measure it: rounds, rates, cond(M), predicted and measured error,
+    and for this N the error and communication saving of other c, up to where it stops being
+    accurate enough. A c beyond that is refused (exit 2) with the largest c that is not."""
     from .coding import cerar
 
-    design = cerar.make(workers, components, construction, eps=eps, max_cond=max_cond, dtype=dtype)
-    measured = cerar.measure(design, elements, dtype)
+    most = min(1 << 24, (1 << 29) // components) // workers   # at most about 0.5 GB and 15 s to measure
+    if elements > most:
+        raise click.BadParameter(f"expected at most {most} elements for {workers} workers and {components} components "
+                                 f"(workers x components x elements <= 2^29: 64 x 256 x 262144 took 42 s), "
+                                 f"got {elements}", param_hint="'--elements'")
+    with np.errstate(over="ignore", invalid="ignore"):      # an unconditionable design is refused in words
+        design = cerar.make(workers, components, construction, eps=eps, max_cond=max_cond, dtype=dtype,
+                            max_error=max_error)
+        measured = cerar.measure(design, elements, dtype)
+        largest, useful = _cerar_range(cerar, workers, components, dtype, max_error)
     out = {"workers": workers, "components": components, "construction": design.construction,
            "eps": design.eps, "scale": design.scale, "dtype": dtype, "rounds": design.rounds,
            "comm_rate": design.comm_rate, "ring_rate": design.ring_rate, "storage_rate": design.storage_rate,
            "cond": design.cond, "predicted_error": design.predicted_error(dtype),
+           "checked_error": design.checked_error(dtype), "max_error": max_error,
            "rel_error": measured["rel_error"], "worst_worker": measured["worst_worker"],
-           "worker_spread": measured["worker_spread"]}
+           "worker_spread": measured["worker_spread"], "largest_components": largest, "range": useful}
 
     def render(o):
         click.echo(f"CERAR, N = {workers}, c = {components}, {o['construction']} construction"
@@ -622,8 +756,29 @@ def cerar_cmd(workers, components, eps, max_cond, construction, dtype, elements,
             ["predicted error (worst worker, i.i.d. gradients)", f"{o['predicted_error']:.3g}"],
             ["measured error (worst worker, relative L2)", f"{o['rel_error']:.3g} (worker {o['worst_worker']})"],
             ["largest difference between two workers", f"{o['worker_spread']:.3g}"]])
+        click.echo(f"\nN = {workers}, {dtype}: c against error (default design) and communication saved "
+                   f"against ring all-reduce; c <= {o['largest_components']} meets max_error = {max_error:g}")
+        _print_table(["c", "rounds", "sent per worker / d", "saved", "error", ""],
+                     [[r["components"], r["rounds"], f"{r['comm_rate']:.4g}", f"{r['saving']:.1%}",
+                       f"{r['error']:.2g}", "" if r["accepted"] else "refused"] for r in o["range"]])
 
     _emit(fmt, out, render)
+
+
+def _cerar_range(cerar, workers, components, dtype, max_error):
+    """The largest c that meets ``max_error`` for N = ``workers``, and rows of c (N, 2N, 3N,
+    that largest, the first beyond it and the one asked for) against error and saving."""
+    largest = cerar.largest_components(workers, dtype, max_error)
+    rows = []
+    for c in sorted({workers, 2 * workers, 3 * workers, largest, largest + 1, components} - {0}):
+        if c > MAX_COMPONENTS:
+            continue
+        design = cerar.best(workers, c, dtype)
+        error = design.checked_error(dtype)
+        rows.append({"components": c, "rounds": design.rounds, "comm_rate": design.comm_rate,
+                     "saving": 1 - design.comm_rate / design.ring_rate, "error": error,
+                     "accepted": error <= max_error})
+    return largest, rows
 
 
 if __name__ == "__main__":

@@ -27,6 +27,22 @@ def default_options(algorithm: str, topology: Topology, workers: int) -> dict:
     return ring_options(topology, workers) if "rings" in algorithms.get(algorithm).options else {}
 
 
+def uniform(topology: Topology, workers: int) -> bool:
+    """Whether every pair of the first ``workers`` workers sees the same route latency and
+    bandwidth as workers 0 and 1 (one switch): there the closed forms match the simulator.
+
+    >>> from gradsync.topology import preset
+    >>> uniform(preset("ethernet", workers=8), 8), uniform(preset("lowbw-cluster"), 8)
+    (True, False)
+    """
+    names = topology.workers[:workers]
+    if workers < 2:
+        return True
+    first = topology.path_alpha_beta(names[0], names[1])
+    return all(topology.path_alpha_beta(a, b) == first for a, b in zip(names, names[1:] + names[:1])) and \
+        all(topology.path_alpha_beta(names[0], b) == first for b in names[1:])
+
+
 def net_for(topology: Topology, workers: int, options: dict | None = None) -> Net:
     """Alpha-beta-gamma parameters of ``topology`` for the first ``workers`` workers.
 

@@ -50,3 +50,12 @@ class MismatchError(ConfigError):
 
     Raised on every rank before any data moves; nothing was changed.
     """
+
+
+class NonFiniteError(GradsyncError):
+    """A result turned NaN or Inf from finite input: an approximate all-reduce's result, or the
+    training loss. The message names where (rank, step) and with what (algorithm, options).
+
+    Not recoverable for that result: do not use it. Choose an accurate design (fewer CERAR
+    components, an exact algorithm) or a lower learning rate, and run again.
+    """

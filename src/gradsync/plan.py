@@ -28,7 +28,7 @@ no two receives share scratch while both are live.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -250,7 +250,7 @@ def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after
 
 
 def _in_scratch(r: Piece) -> Piece:
-    return Piece(r.round, r.peer, r.tag, r.node, r.offset, r.count, r.op, r.position, scratch=0)
+    return replace(r, scratch=0)      # its offset is allocated later
 
 
 def _landing_conflict(j, r, receives, sends, keys, step_sends, applies, at, after_sends):
@@ -274,7 +274,6 @@ def _landing_conflict(j, r, receives, sends, keys, step_sends, applies, at, afte
 def _allocate_scratch(receives, posted_at, applied_at) -> list[Piece]:
     """First-fit scratch offsets: a receive holds its space from posting to being applied."""
     live: list[tuple[int, int, int]] = []      # (start, end, freed after step)
-    out = []
     for j in sorted(range(len(receives)), key=lambda j: (posted_at[j], j)):
         r = receives[j]
         if r.scratch < 0:
@@ -286,7 +285,7 @@ def _allocate_scratch(receives, posted_at, applied_at) -> list[Piece]:
                 break
             start = max(start, b)
         live.append((start, start + r.count, applied_at[j]))
-        receives[j] = Piece(r.round, r.peer, r.tag, r.node, r.offset, r.count, r.op, r.position, scratch=start)
+        receives[j] = replace(r, scratch=start)
     return receives
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .runtime.api import all_reduce
 
 

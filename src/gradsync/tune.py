@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import algorithms
-from .cost import default_options, predict
+from .cost import default_options, predict, uniform
 from .errors import ConfigError
 from .simulate import simulate
 from .topology import Topology
@@ -40,7 +40,8 @@ class Candidate:
 def default_candidates(workers: int, dtype: str = "float32", max_error: float | None = None,
                        exact=None) -> list[Candidate]:
     """The exact algorithms (default: every registered one that takes ``dtype``), plus CERAR
-    designs whose predicted error is within ``max_error``.
+    designs whose error (``checked_error`` of the default design) is within ``max_error``:
+    never one that building it would refuse.
 
     >>> [c.label for c in default_candidates(4, max_error=1e-2)][-1]
     'cerar(components=8)'
@@ -53,10 +54,16 @@ def default_candidates(workers: int, dtype: str = "float32", max_error: float | 
     if not 0 < max_error < 1:
         raise ConfigError(f"max_error must be in (0, 1), got {max_error!r}")
     from .coding import cerar
-    for factor in CERAR_COMPONENTS:
+    if workers < 2 or not algorithms.get("cerar").accepts(dtype):
+        return out
+    for factor in CERAR_COMPONENTS:          # the error grows with c: stop at the first one over
         c = int(np.ceil(factor * workers))
-        if workers > 1 and cerar.make(workers, c, "optimized", dtype=dtype).predicted_error(dtype) <= max_error:
-            out.append(Candidate("cerar", (("components", c),)))
+        if cerar.best(workers, c, dtype).checked_error(dtype) > max_error:
+            break
+        # the budget goes with the candidate where it is looser than the codec's default, which
+        # would refuse the design when it is built
+        looser = (("max_error", max_error),) if max_error > cerar.DEFAULT_MAX_ERROR else ()
+        out.append(Candidate("cerar", (("components", c),) + looser))
     return out
 
 
@@ -64,8 +71,6 @@ def default_candidates(workers: int, dtype: str = "float32", max_error: float | 
 def _predicted(candidate: Candidate, topology: Topology, workers: int, elements: int, itemsize: int,
                dtype: str) -> float:
     options = {**default_options(candidate.algorithm, topology, workers), **candidate.kwargs()}
-    if candidate.algorithm == "cerar":
-        options.update(construction="optimized")
     if workers <= SIMULATE_UP_TO:
         schedule = algorithms.build(candidate.algorithm, workers, elements, dtype=dtype, **options)
         return simulate(schedule, topology, itemsize).time
@@ -85,8 +90,12 @@ def predicted_time(candidate, topology: Topology, nbytes: int, itemsize: int = 4
 
 
 def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | None = None,
-           candidates=None, max_error: float | None = None, dtype: str = "float32") -> Candidate:
-    """The candidate with the least predicted time ("auto").
+           candidates=None, max_error: float | None = None, dtype: str = "float32",
+           quick: bool = False) -> Candidate:
+    """The candidate with the least predicted time ("auto"). ``quick``: on a topology where
+    every pair of workers sees the same route (``cost.uniform``), use the closed forms, which
+    agree with the simulator there, instead of simulating (milliseconds instead of seconds
+    at 64 workers).
 
     >>> from gradsync.topology import preset
     >>> choose(preset("pcie-switch-4"), 160_000_000).label in ("sharded", "halving_doubling")
@@ -97,7 +106,10 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
                                        else default_candidates(workers, dtype, max_error))]
     if not pool:
         raise ConfigError("no candidate algorithms to choose from")
-    times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]
+    if quick and uniform(topology, workers):
+        times = [predict(c.algorithm, topology, workers, nbytes, itemsize, **c.kwargs()) for c in pool]
+    else:
+        times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]
     return pool[int(np.argmin(times))]
 
 
@@ -112,7 +124,14 @@ def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers
           max_error: float | None = None, dtype: str = "float32") -> tuple[list[dict], list[Crossover]]:
     """Predicted time of every candidate at every size, the best, and the crossover sizes.
 
-    A crossover between two grid sizes is located by bisection (in log size) to within 2%.
+    Crossovers between two grid sizes with different bests are located by bisection (in log
+    size) to within 2%, every one of them: a -> b -> c between two grid points gives two. A
+    change and its reversal inside one bisection interval (a -> b -> a) are not seen.
+
+    >>> from gradsync.topology import preset
+    >>> _, crossovers = table(preset("ethernet", 8), [1000, 10**9], candidates=["central", "ring", "tree"])
+    >>> [(c.below, c.above) for c in crossovers]
+    [('central', 'tree'), ('tree', 'ring')]
     """
     workers = len(topology.workers) if workers is None else workers
     pool = [_as_candidate(c) for c in (candidates if candidates is not None
@@ -125,16 +144,17 @@ def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers
     for n in sizes:
         times = {c.label: predicted_time(c, topology, int(n), itemsize, workers, dtype) for c in pool}
         rows.append({"bytes": int(n), "best": min(times, key=times.get), "times_s": times})
+
+    def changes(lo, lo_best, hi, hi_best):     # every change of the best between log sizes lo and hi
+        if hi - lo <= 0.02:
+            return [Crossover(int(np.exp(hi)), lo_best, hi_best)]
+        mid = (lo + hi) / 2
+        mid_best = best(np.exp(mid))
+        return ((changes(lo, lo_best, mid, mid_best) if mid_best != lo_best else [])
+                + (changes(mid, mid_best, hi, hi_best) if mid_best != hi_best else []))
+
     crossovers = []
     for lo_row, hi_row in zip(rows, rows[1:]):
-        if lo_row["best"] == hi_row["best"]:
-            continue
-        lo, hi = np.log(lo_row["bytes"]), np.log(hi_row["bytes"])
-        while hi - lo > 0.02:
-            mid = (lo + hi) / 2
-            if best(np.exp(mid)) == lo_row["best"]:
-                lo = mid
-            else:
-                hi = mid
-        crossovers.append(Crossover(int(np.exp(hi)), lo_row["best"], best(np.exp(hi))))
+        if lo_row["best"] != hi_row["best"]:
+            crossovers += changes(np.log(lo_row["bytes"]), lo_row["best"], np.log(hi_row["bytes"]), hi_row["best"])
     return rows, crossovers

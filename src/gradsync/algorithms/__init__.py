@@ -18,7 +18,7 @@ import numpy as np
 from ..coding import cerar as cerar_codec
 from ..errors import ConfigError
 from . import central, cerar, halving_doubling, host, ring, sharded, tree
-from .spec import AlgorithmSpec, Option, is_int, is_number, one_of
+from .spec import DTYPES, AlgorithmSpec, Option, is_int, is_number, one_of
 
 REGISTRY: dict[str, AlgorithmSpec] = {}
 
@@ -85,12 +85,22 @@ def build(name: str, workers: int, elements: int, dtype=None, **options):
     """
     spec = get(name)
     if dtype is not None:
-        dtype = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+        dtype = _dtype_name(dtype)
         spec.check_dtype(dtype)
         if "dtype" in spec.options:
             options["dtype"] = dtype
     spec.check_options(options)
     return spec.schedule(workers, elements, **options)
+
+
+def _dtype_name(dtype) -> str:
+    """The name of a dtype given as a name or numpy dtype: ``_dtype_name(np.float32) == "float32"``."""
+    if isinstance(dtype, str) and dtype in DTYPES:          # bfloat16 too, which numpy does not know
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except (TypeError, ValueError):
+        raise ConfigError(f"dtype must be a dtype or its name, like float32, got {dtype!r}") from None
 
 
 def external() -> list[tuple[str, str]]:
@@ -149,9 +159,12 @@ for _spec in (
                   dtypes=("float32", "float64"),
                   options={"components": Option(None, "an integer >= 1", is_int(1)),
                            "eps": Option(None, "a number in (0, 1)", is_number(0, 1)),
-                           "max_cond": Option(None, "a number > 1", is_number(1)),
-                           "construction": Option("unity", f"one of {', '.join(cerar_codec.CONSTRUCTIONS)}",
+                           "max_cond": Option(None, "a number in (1, 1e15)", is_number(1, 1e15)),
+                           "construction": Option(None, f"one of {', '.join(cerar_codec.CONSTRUCTIONS)}",
                                                   one_of(*cerar_codec.CONSTRUCTIONS)),
+                           "max_error": Option(cerar_codec.DEFAULT_MAX_ERROR,
+                                               "a number > 0 (the relative error above which a design is refused)",
+                                               is_number(0)),
                            "dtype": Option("float32", "float32 or float64", one_of("float32", "float64")),
                            "scale": Option(None, f"one of {', '.join(cerar_codec.SCALES)}",
                                            one_of(*cerar_codec.SCALES))}),

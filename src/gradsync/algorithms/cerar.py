@@ -8,7 +8,11 @@ and each received packet as one add (forward it plus the worker's own update).
 
 Normalized communication (c + N - 2)/c against ring's 2(N - 1)/N; storage (c + N)/c.
 Exact for c <= N (the roots-of-unity construction); approximate beyond, with the error and
-cond(M) of the chosen construction.
+cond(M) of the chosen construction. By default the construction, eps and decode scale are the
+ones of least error for (N, c, dtype); a design whose error (predicted, and checked on random
+gradients) exceeds ``max_error`` is refused with a ConfigError naming the largest c that
+meets it: cond(M) grows like eps^-r with r = ceil(c/N) - 1, so c far above N cannot be kept
+accurate.
 
 Cost: L (alpha + m s beta + m gamma) + (L c m + 2 c^2 m) mu, s bytes per element; gamma per
 add, mu per multiply-add of the encode and decode products.
@@ -31,19 +35,26 @@ def _components(workers, components):
 
 
 def schedule(workers: int, elements: int, components: int | None = None, eps: float | None = None,
-             max_cond: float | None = None, construction: str = "unity", dtype: str = "float32",
-             scale: str | None = None) -> Schedule:
-    """Build CERAR's schedule with c = ``components`` (default 2N) and the named construction.
+             max_cond: float | None = None, construction: str | None = None, dtype: str = "float32",
+             scale: str | None = None, max_error: float = codec.DEFAULT_MAX_ERROR) -> Schedule:
+    """Build CERAR's schedule with c = ``components`` (default 2N) and the named construction
+    (default: the best for N, c and ``dtype``); refuse (ConfigError) a design whose relative
+    error in ``dtype`` would exceed ``max_error``.
 
     >>> s = schedule(4, 800, components=8, eps=1e-3)
     >>> s.elements_sent().tolist()
     [1000, 1000, 1000, 1000]
+    >>> schedule(2, 1000, components=16)
+    Traceback (most recent call last):
+    ...
+    gradsync.errors.ConfigError: CERAR with N = 2 workers and c = 16 components predicts a relative error of ...
     """
     workers, elements = check_size(workers, elements)
     c = _components(workers, components)
     if workers == 1:   # nothing to reduce
         return Schedule("cerar", 1, elements, transfers(0, 0, 0, 0, 0, CODED), options={"components": c})
-    design = codec.make(workers, c, construction, eps=eps, max_cond=max_cond, dtype=dtype, scale=scale)
+    design = codec.make(workers, c, construction, eps=eps, max_cond=max_cond, dtype=dtype, scale=scale,
+                        max_error=max_error)
     m = -(-elements // c)
     rounds = design.rounds
     node = np.arange(workers)

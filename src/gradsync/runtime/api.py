@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .. import algorithms
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from ..plan import Plan, compile_plan
 from ..schedule import CODED, COPY, REDUCE, Schedule
 from .agree import Agreement, digest, seen_before
@@ -176,12 +176,16 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
         algorithm, picked = pick(tensor, workers)
         options = {**picked, **options}
     dtype = str(tensor.dtype).removeprefix("torch.")
-    algorithms.get(algorithm).check_dtype(dtype)
+    spec = algorithms.get(algorithm)
+    spec.check_dtype(dtype)
     frozen_options = frozen(options)
     description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
                    "options": json.loads(frozen_options), "device": tensor.device.type}
-    if check_finite:
-        description["finite"] = bool(torch.isfinite(tensor).all()) if tensor.is_floating_point() else True
+    finite = True           # read before the collective starts: an approximate result must stay finite if this was
+    if (check_finite or not spec.exact) and tensor.is_floating_point():
+        finite = bool(torch.isfinite(tensor).all())
+    if check_finite or not spec.exact:     # approximate: agreed too, so a peer's NaN is named, not blamed on the codec
+        description["finite"] = finite
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     compiled_ = compiled(algorithm, max(workers, 1), tensor.numel(), dtype, frozen_options, transport.rank) \
         if workers > 1 else None
@@ -194,6 +198,10 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
             agreement.verify(deadline)
 
     def finish(result: torch.Tensor) -> torch.Tensor:
+        if not spec.exact and finite and not bool(torch.isfinite(result).all()):
+            raise NonFiniteError(f"rank {transport.rank}: {algorithm} with options {frozen_options} turned a finite "
+                                 f"tensor into NaN or Inf: its design is not accurate enough for these values; "
+                                 f"use fewer components or an exact algorithm")
         if op == "avg":
             result.div_(workers)
         if result.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():

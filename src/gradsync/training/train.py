@@ -9,6 +9,7 @@ gradient against the exact average, computed outside the timed part.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .. import algorithms
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError
 from ..runtime import api
 from ..progress import bar as progress_bar
 from ..runtime.launch import run
@@ -136,6 +137,10 @@ def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) ->
             idx = data.shard(batch, rank, workers)
             optimizer.zero_grad()
             loss = F.cross_entropy(ddp(split.x_train[idx]), split.y_train[idx])
+            if not math.isfinite(loss.item()):                    # stop, rather than train on NaN
+                raise NonFiniteError(f"the training loss is {loss.item()} at epoch {epoch + 1}, step {step + 1} on "
+                                     f"rank {rank} ({cfg.algorithm}{_described(cfg.options())}): lower the "
+                                     f"learning rate or, for an approximate algorithm, the components")
             loss.backward()                                       # the hook synchronizes here
             optimizer.step()
             losses.append(loss.item())
@@ -165,6 +170,10 @@ def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) ->
     if bar:
         bar(None)
     return history if rank == 0 else None
+
+
+def _described(options: dict) -> str:
+    return "".join(f", {k} {v}" for k, v in options.items())
 
 
 def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None) -> dict:
