@@ -69,6 +69,7 @@ def test_elastic_cli_errors_are_one_line():
 
 
 @pytest.mark.parametrize("weight_nudge, step_nudge", [(1e-6, 0), (0.0, 1)])
+@pytest.mark.slow
 def test_replicas_that_disagree_after_recovery_are_refused_on_every_rank(weight_nudge, step_nudge):
     same = run(bodies.elastic_agreement, 3, 0.0, 0)
     assert len({r["digest"] for r in same}) == 1, same

@@ -1,8 +1,11 @@
 """Short-form fault injection (the long form: benchmarks/fault_injection.py, results in docs)."""
 
+import pytest
+
 from gradsync.runtime.faults import campaign
 
 
+@pytest.mark.slow
 def test_killed_workers_are_named_by_every_survivor_in_bounded_time():
     timeout = 3.0
     summary = campaign(6, timeout=timeout, seed=7)["summary"]

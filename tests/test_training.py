@@ -27,6 +27,7 @@ def test_bytes_per_worker_follow_the_ring_closed_form():
     assert h["test_accuracy"] > 0.5 and h["sync_s"] > 0 and h["compute_s"] > 0
 
 
+@pytest.mark.slow
 def test_cerar_reports_its_error_and_drift_and_resync_removes_the_drift():
     drift = train(4, TrainConfig(algorithm="cerar", components=8, epochs=2))["history"]
     assert all(0 < h["grad_rel_error"] < 1e-2 for h in drift)

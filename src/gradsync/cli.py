@@ -10,7 +10,7 @@ import click
 import numpy as np
 
 from . import algorithms
-from .cost import default_options, net_for, predict
+from .cost import default_options, net_for, predict, uniform
 from .errors import GradsyncError
 from .simulate import simulate
 from .topology import PRESETS, resolve
@@ -250,9 +250,10 @@ def compare(topology, size, workers, dtype, names, components, fmt):
                        r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
                        f"{r['busbw_GBps']:.3g} GB/s", f"{r['error']:.2g}" if r["error"] else "exact"]
                       for r in rows])
-        if not topo.is_tree:
-            click.echo("note: closed forms assume every pair of workers meets through one switch; "
-                       "on this mesh the simulated column is the reference")
+        if not uniform(topo, n):
+            click.echo("note: closed forms assume every pair of workers meets through one switch, at the "
+                       "slowest route between neighbouring workers; routes differ on this topology, so the "
+                       "simulated column is the reference")
         for r in rows:
             if "approx_2n_over_B_s" in r:
                 click.echo(f"ring, large-N approximation 2n/B with B = {r['approx_bandwidth_Bps'] / 1e9:.3g} GB/s "

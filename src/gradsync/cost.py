@@ -51,8 +51,10 @@ def net_for(topology: Topology, workers: int, options: dict | None = None) -> Ne
     1.0
     """
     names = topology.workers[:workers]
-    a, b = (names[0], names[1]) if workers > 1 else (names[0], names[0])
-    alpha, beta = topology.path_alpha_beta(a, b)
+    # the slowest route between neighbouring workers: on one switch any pair's, across a slow
+    # link (two servers) the link's, which bounds every algorithm that crosses it
+    pairs = list(zip(names, names[1:] + names[:1])) if workers > 1 else [(names[0], names[0])]
+    alpha, beta = max(topology.path_alpha_beta(a, b) for a, b in pairs)
     rate, madd_rate = topology.reduce_rate(names[0]), topology.madd_rate(names[0])
     gamma = 1.0 / rate if rate else 0.0
     mu = 1.0 / madd_rate if madd_rate else 0.0
