@@ -11,11 +11,11 @@
 from .algorithms import REGISTRY as ALGORITHMS
 from .algorithms import build as schedule
 from .emulate import emulate
-from .errors import ConfigError, GradsyncError, MismatchError, PeerError, ScheduleError, TopologyError
+from .errors import ConfigError, GradsyncError, MismatchError, NonFiniteError, PeerError, ScheduleError, TopologyError
 from .schedule import Schedule, verify
 from .simulate import simulate   # the function; its module stays importable as gradsync.simulate
 
-__all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "PeerError", "Schedule",
+__all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "NonFiniteError", "PeerError", "Schedule",
            "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "simulate", "verify"]
 
 
