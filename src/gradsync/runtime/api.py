@@ -187,15 +187,13 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     if check_finite or not spec.exact:     # approximate: agreed too, so a peer's NaN is named, not blamed on the codec
         description["finite"] = finite
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    compiled_ = compiled(algorithm, max(workers, 1), tensor.numel(), dtype, frozen_options, transport.rank) \
+    compiled_ = compiled(algorithm, workers, tensor.numel(), dtype, frozen_options, transport.rank) \
         if workers > 1 else None
     agreement, signature = None, digest(description)
-    if check or check_finite:
+    if (check or check_finite) and workers > 1:
         known = seen_before(getattr(transport, "failure_key", ""), signature)
         # the first time (or with check_finite), before anything moves; after, riding along
         agreement = Agreement(transport, description, not known or check_finite, signature)
-        if workers == 1:
-            agreement.verify(deadline)
 
     def finish(result: torch.Tensor) -> torch.Tensor:
         if not spec.exact and finite and not bool(torch.isfinite(result).all()):
