@@ -4,7 +4,9 @@
 the ``PeerError``/``MismatchError`` that ended it). Collectives run one after another, in the
 order they were started, on one progress thread per process, so the caller's thread (a DDP
 backward pass) goes on while the data moves; a blocking call with nothing queued runs in the
-caller's own thread instead, saving the hand-over.
+caller's own thread instead, saving the hand-over. As with torch.distributed, every rank starts
+its collectives in the same order, from one thread: two threads of a rank starting collectives
+at once could run them at the same time, and equal descriptions post equal tags.
 
 The plan (``gradsync.plan``) says what to post and when; this module only follows it: post
 a step's sends and the receives it allows, and before that apply, in plan order, the
