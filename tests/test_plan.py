@@ -2,6 +2,9 @@
 delivers matched messages in random order, some time after posting), against numpy sums."""
 
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +14,8 @@ from gradsync.algorithms import central, halving_doubling, ring
 from gradsync.errors import MismatchError
 from gradsync import plan as plan_module
 from gradsync.plan import compile_plan
-from gradsync.runtime.api import compiled, frozen
+from gradsync.runtime.api import compiled, frozen, prepare
+from gradsync.runtime.transport import MemoryTransport
 from thread_groups import run_group
 
 
@@ -79,3 +83,45 @@ def test_halving_doubling_on_a_non_power_of_two_is_planned_and_checked():
     for rank in range(6):
         plan = compile_plan(halving_doubling.schedule(6, 3_000_000), rank=rank, itemsize=8)
         assert plan.steps and plan.receives
+
+
+def test_a_blocking_all_reduce_in_a_futures_callback_runs_instead_of_waiting_forever():
+    transports = MemoryTransport.group(2)
+    out = [None, None]
+
+    def rank(r):
+        first = torch.ones(10)
+        second = torch.full((10,), 100.0)
+
+        def then(future):          # runs on this rank's progress thread, on completion
+            prepare(second, "ring", "sum", transports[r], time.monotonic() + 10, True, False, {}).start(True).wait()
+            return future.value()
+
+        future = prepare(first, "ring", "sum", transports[r], time.monotonic() + 10, True, False, {}).start()
+        out[r] = (future.then(then).wait().tolist(), second.tolist())
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert out == [([2.0] * 10, [200.0] * 10)] * 2, out
+
+
+def test_a_parameter_that_requires_grad_is_all_reduced_in_place():
+    transports = MemoryTransport.group(3)
+    params = [torch.nn.Parameter(torch.full((7,), float(r + 1))) for r in range(3)]   # leaves, like dist's
+    errors = []
+
+    def rank(r):
+        try:
+            prepare(params[r], "central", "sum", transports[r], time.monotonic() + 10, True, False, {}).start(True).wait()
+        except Exception as exc:       # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors and all(p.tolist() == [6.0] * 7 for p in params), (errors, params)

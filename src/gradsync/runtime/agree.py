@@ -6,7 +6,9 @@ time this process runs a given description on a group, the exchange completes be
 data moves. After that (the steady state of a training loop) the digests ride along with the
 collective's first messages and are compared before the first received piece is applied, so
 no round trip is added. A mismatch raises ``MismatchError`` on every rank, naming the ranks
-and their values: ranks that disagree exchange their descriptions' text to say how.
+and their values: ranks that disagree exchange their descriptions' text to say how. In the
+steady state the data's messages are already posted when it is found, and nothing cancels
+them: as after a ``PeerError``, do not use the group again.
 """
 
 from __future__ import annotations

@@ -77,16 +77,23 @@ SCRATCH = ScratchPool()
 
 
 class _Progress:
-    """The progress thread: runs queued collectives in order, completing their futures."""
+    """One group's progress thread: runs its queued collectives in order, completing their
+    futures. ``running`` is held by whoever runs one of the group's collectives (this thread,
+    or a caller running one inline), so two never run at once."""
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()
         self._busy = 0                 # queued or running
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.running = threading.RLock()
 
     def idle(self) -> bool:
         return self._busy == 0
+
+    def on_thread(self) -> bool:
+        """Whether the caller is this progress thread (a future's callback, run on completion)."""
+        return threading.current_thread() is self._thread
 
     def submit(self, collective: "Collective", future: torch.futures.Future) -> None:
         with self._lock:
@@ -100,13 +107,28 @@ class _Progress:
         while True:
             collective, future = self._queue.get()
             try:
-                collective.complete(future)
+                with self.running:
+                    collective.complete(future)
             finally:
                 with self._lock:
                     self._busy -= 1
 
 
-PROGRESS = _Progress()
+_ENGINES: dict[str, _Progress] = {}     # one per process group this process is a rank of
+_ENGINES_LOCK = threading.Lock()
+
+
+ENGINES_LIMIT = 64                       # idle engines beyond this are dropped, oldest first
+
+
+def progress_for(transport) -> _Progress:
+    """The progress engine of ``transport``'s group (its ``group_key``), made on first use."""
+    key = getattr(transport, "group_key", "default")
+    with _ENGINES_LOCK:
+        if key not in _ENGINES and len(_ENGINES) >= ENGINES_LIMIT:
+            for old in [k for k, e in _ENGINES.items() if e.idle()][:len(_ENGINES) - ENGINES_LIMIT + 1]:
+                del _ENGINES[old]
+        return _ENGINES.setdefault(key, _Progress())
 
 
 class Collective:
@@ -139,15 +161,18 @@ class Collective:
         Example, in each rank of a group: ``tensor = collective.start().wait()``.
         """
         future = torch.futures.Future()
-        if inline and PROGRESS.idle():
-            self.complete(future)
+        engine = progress_for(self.transport)
+        if engine.on_thread() or (inline and engine.idle()):   # a callback's call runs after the current one
+            with engine.running:
+                self.complete(future)
         else:
-            PROGRESS.submit(self, future)
+            engine.submit(self, future)
         return future
 
     def complete(self, future: torch.futures.Future) -> None:
         try:
-            result = self.run()
+            with torch.no_grad():          # a parameter may be all-reduced in place, as with dist
+                result = self.run()
             if self.finish is not None:
                 result = self.finish(result)
         except BaseException as exc:       # the future carries it to whoever waits

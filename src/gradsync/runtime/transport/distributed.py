@@ -76,6 +76,7 @@ class DistributedTransport:
         # apart when a failure hits.
         key = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
         self.failure_key = f"gradsync/failure/{key}"
+        self.group_key = f"torch/{key}"       # the collectives of one group run one at a time
         self.sequence = _started[key] = _started.get(key, 0) + 1
         self.waiting_for: Pending | None = None
         self._batched = dist.get_backend(group) == "nccl"

@@ -8,6 +8,7 @@ that relies on messages arriving in the order they were posted, gets a wrong ans
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -26,7 +27,10 @@ class _Message:
 class _Network:
     """The group's shared state: messages by (src, dst, tag), and the delivery thread."""
 
+    serials = itertools.count()
+
     def __init__(self, seed: int):
+        self.serial = next(self.serials)
         self.messages: dict = {}
         self.ready: list[_Message] = []
         self.lock = threading.Condition()
@@ -52,7 +56,8 @@ class _Network:
                 while not self.ready:
                     self.lock.wait()
                 message = self.ready.pop(self.random.randrange(len(self.ready)))
-            message.target.copy_(message.source)
+            with torch.no_grad():            # bytes on a wire, as Gloo writes them: no autograd
+                message.target.copy_(message.source)
             message.done.set()
 
 
@@ -73,6 +78,7 @@ class MemoryTransport:
 
     def __init__(self, rank: int, size: int, network: _Network):
         self.rank, self.size, self._network = rank, size, network
+        self.group_key = f"memory/{network.serial}/{rank}"     # each rank its own progress thread
 
     @classmethod
     def group(cls, size: int, seed: int = 0) -> list["MemoryTransport"]:

@@ -28,6 +28,7 @@ class MpiTransport:
         self.MPI, self.comm = MPI, _comm(comm)
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
+        self.group_key = f"mpi/{self.comm.py2f()}"
 
     def _buffer(self, tensor):
         return [tensor.view(torch.uint8).numpy() if tensor.numel() else bytearray(0), self.MPI.BYTE]
