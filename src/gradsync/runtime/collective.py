@@ -2,7 +2,7 @@
 
 ``Collective.start()`` returns a ``torch.futures.Future`` completed with the result tensor (or
 the ``PeerError``/``MismatchError`` that ended it). Collectives run one after another, in the
-order they were started, on one progress thread per process, so the caller's thread (a DDP
+order they were started, on one progress thread per process group, so the caller's thread (a DDP
 backward pass) goes on while the data moves; a blocking call with nothing queued runs in the
 caller's own thread instead, saving the hand-over. As with torch.distributed, every rank starts
 its collectives in the same order, from one thread: two threads of a rank starting collectives
