@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -24,16 +23,13 @@ from .api import DEFAULT_TIMEOUT, compiled
 from .collective import Collective, node_buffers
 from .transport import DistributedTransport
 
-@lru_cache(maxsize=256)
-def _owned(schedule: Schedule) -> dict:
-    return complete_segments(schedule)
-
 
 @dataclass
 class _Entry:
     schedule: Schedule
     buffers: dict            # node -> flat tensor: the stored value lives in the owned segments
     shape: torch.Size
+    owned: dict              # node -> segments it holds the complete sum of after a push
 
 
 class KVStore:
@@ -78,7 +74,7 @@ class KVStore:
         buffers = node_buffers(schedule, self.transport.rank, value.detach().reshape(-1).clone())
         for node, buf in buffers.items():
             buf.copy_(value.reshape(-1))
-        self._entries[key] = _Entry(schedule, buffers, value.shape)
+        self._entries[key] = _Entry(schedule, buffers, value.shape, complete_segments(schedule))
 
     def _entry(self, key, tensor: torch.Tensor) -> _Entry:
         if key not in self._entries:
@@ -103,7 +99,7 @@ class KVStore:
         agree(self.transport, {"kv": "push", "key": str(key), "shape": list(entry.shape)}, deadline)
         work = {node: (total if node == self.transport.rank else torch.zeros_like(total)) for node in entry.buffers}
         self._run(entry, work, deadline, REDUCE)
-        for node, segments in _owned(entry.schedule).items():
+        for node, segments in entry.owned.items():
             if node not in entry.buffers:
                 continue
             for offset, count in segments:
