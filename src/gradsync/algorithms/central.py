@@ -5,6 +5,16 @@ Cost, n bytes, N workers: 2 alpha + 2 (N - 1) n beta + (N - 1) (n / itemsize) ga
 primary's link carries everything, in then out. pcie-switch-4, 160 MB at 16 GB/s: 60 ms.
 """
 
+# For learners (the live view's panel): what, why, cost, when it wins.
+EXPLANATION = """\
+Every worker sends its whole gradient to one root worker, which adds them up and sends the
+sum back to everyone. It is the simplest scheme and the one D2L's "Parameter Servers" chapter
+starts from: aggregate on one primary GPU, then broadcast. Cost: the root receives (N - 1)
+full buffers and sends (N - 1) back, so about 2 (N - 1) n / B on its one link: it grows with
+N. It wins only for tiny messages or two workers, where a single round trip beats the
+several rounds of the ring."""
+
+
 import numpy as np
 
 from ..schedule import COPY, REDUCE, Schedule, transfers

@@ -18,6 +18,17 @@ Cost: L (alpha + m s beta + m gamma) + (L c m + 2 c^2 m) mu, s bytes per element
 add, mu per multiply-add of the encode and decode products.
 """
 
+# For learners (the live view's panel): what, why, cost, when it wins.
+EXPLANATION = """\
+Coded approximate ring all-reduce (the CERAR paper by Munim and Ramamoorthy): each worker
+encodes its gradient into c components and passes one coded packet per round around the
+ring for c + N - 2 rounds; a final decode recovers the sum. With c > N it sends less than
+the exact ring's lower bound, (c + N - 2)/c of the buffer against 2 (N - 1)/N, at the price
+of a numerical error that grows with c / N. The design's predicted error is shown: above
+1e-2 gradsync refuses the design. It wins on slow links when a small, bounded error in the
+gradient is acceptable."""
+
+
 import numpy as np
 
 from ..coding import cerar as codec

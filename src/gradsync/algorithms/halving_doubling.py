@@ -11,6 +11,16 @@ Cost: 2 log2(p) alpha + 2 (p - 1)/p n beta + (p - 1)/p (n / itemsize) gamma, plu
 2 alpha + 2 n beta + (n / itemsize) gamma when N is not a power of two.
 """
 
+# For learners (the live view's panel): what, why, cost, when it wins.
+EXPLANATION = """\
+Recursive halving: in step k every worker swaps half of what it still owns with the worker
+whose number differs in bit k, and adds; after log2 N steps each worker owns 1/N, fully
+summed. Recursive doubling then swaps back, doubling what each owns. It sends the same bytes
+as the ring, 2 (N - 1)/N n, but in only 2 log2 N rounds. Cost: 2 log2 N alpha +
+2 (N - 1)/N n / B. It wins when latency matters and pairs of workers have full-bandwidth
+paths (a switch); on a physical ring its long-distance partners share links."""
+
+
 import numpy as np
 
 from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers

@@ -13,6 +13,17 @@ bandwidths B_k and weights proportional to B_k, beta becomes 1 / sum(B_k). For l
 tends to 2 n beta, the seed's 2 x 160 MB / (3 x 18 GB/s) on a p3.16xlarge.
 """
 
+# For learners (the live view's panel): what, why, cost, when it wins.
+EXPLANATION = """\
+The gradient is cut into N chunks. Chunk i starts at worker i and travels around the ring
+for N - 1 steps, each worker adding its own part as it passes (reduce-scatter); then the
+finished chunks travel N - 1 more steps, overwriting (all-gather). Every worker sends only
+1/N of the buffer per step and all links are busy at once, so the time hardly grows with N.
+Cost: 2 (N - 1) (alpha + n / (N B)): the bandwidth term 2 (N - 1)/N n / B is the least any
+all-reduce can send. It wins for large messages on any topology with a ring of fast links;
+its 2 (N - 1) latencies make it lose on small messages at large N."""
+
+
 import numpy as np
 
 from ..errors import ConfigError

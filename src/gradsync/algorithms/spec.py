@@ -58,6 +58,9 @@ class AlgorithmSpec:
     summary: one line saying what it does.
     dtypes: the dtype names it accepts, or None for every float and integer type.
     options: name -> ``Option``; each a keyword of ``schedule`` with the same default.
+    phases: what its rounds are called, by kind of transfer ("reduce", "copy", "coded"), for
+        narration, e.g. {"reduce": "reduce-scatter", "copy": "all-gather"}.
+    explanation: a few sentences for learners: what it does, why, its cost, when it wins.
 
     >>> from gradsync.algorithms import ring
     >>> spec = AlgorithmSpec(name="ring_again", schedule=ring.schedule, cost=ring.cost, exact=True,
@@ -73,6 +76,8 @@ class AlgorithmSpec:
     summary: str
     dtypes: tuple[str, ...] | None = None
     options: dict[str, Option] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)
+    explanation: str = ""
 
     def accepts(self, dtype: str) -> bool:
         """Whether it takes tensors of ``dtype`` (a name): ``get("cerar").accepts("int32")`` is False."""
@@ -119,6 +124,11 @@ class AlgorithmSpec:
         if self.dtypes is not None and (not isinstance(self.dtypes, tuple) or not self.dtypes
                                         or not set(self.dtypes) <= set(DTYPES)):
             out.append(f"dtypes must be None or a non-empty tuple of {', '.join(DTYPES)}, got {self.dtypes!r}")
+        if not isinstance(self.phases, dict) or not set(self.phases) <= {"reduce", "copy", "coded"} \
+                or not all(isinstance(v, str) and v for v in self.phases.values()):
+            out.append(f"phases must map some of reduce, copy, coded to names, got {self.phases!r}")
+        if not isinstance(self.explanation, str):
+            out.append(f"explanation must be a string, got {self.explanation!r}")
         if not isinstance(self.options, dict):
             return out + [f"options must be a dict of name -> Option, got {self.options!r}"]
         return out + self._option_problems()

@@ -12,6 +12,15 @@ about (S + 2H - 1) (alpha + 3 (n / S) beta) on a switch, less at the pipeline's 
 over ring for small messages: log2(N) latency steps instead of N.
 """
 
+# For learners (the live view's panel): what, why, cost, when it wins.
+EXPLANATION = """\
+The gradient is cut into segments that flow up a binary tree, each parent adding its
+children's, then back down as a broadcast, pipelined so that many segments are in flight.
+Only log2 N levels separate the leaves from the root, so latency grows like log N instead of
+N. Cost: about 2 (log2 N + S - 1) (alpha + n / (S B)) for S segments. It wins for small and
+medium messages at large N, where the ring's 2 (N - 1) latencies dominate."""
+
+
 import numpy as np
 
 from ..errors import ConfigError

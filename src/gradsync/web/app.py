@@ -4,27 +4,31 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
 
 - ``GET /api/presets``: topologies and algorithms (every registered one) the page offers.
 - ``POST /api/simulate``: body {algorithm, topology, workers (2-64), size, bandwidth?, latency?,
-  components?, eps?, fail?: {device, at (0-1 of the collective's time)}} -> topology with
-  layout, every transfer (src, dst, round, op, offset, count, inputs carried, start, done, path),
-  time, busbw, CERAR's predicted error, and the failure's outcome.
+  components?, eps?, fail?: {device, at (0-1 of the collective's time)}} -> topology with its
+  drawing, every transfer (src, dst, round, op, offset, count, inputs carried, start, done,
+  path), the chunks, one sentence per round, the algorithm's explanation, time, busbw,
+  CERAR's error and whether it would be refused, and the failure's outcome and recovery.
 - ``GET /api/schedule?algorithm=&workers=&elements=``: the schedule itself (gradsync.schedule/1).
-- ``GET /api/compare?size=``: time against workers per algorithm, simulated and closed form.
+- ``GET /api/compare?size=&topology=&bandwidth=&latency=&components=&eps=&algorithm=``: time
+  against workers, simulated and closed form, for one algorithm or all.
+
+Every request's work is bounded (workers, transfers, CERAR's components) and bodies are
+limited to 16 KB however they are sent; responses are valid JSON (never Infinity or NaN).
 """
 
 from __future__ import annotations
 
 import json
 from importlib import resources
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from .. import algorithms
 from ..errors import GradsyncError
-from ..topology import PRESETS
 from ..units import parse_size
 from . import view
 
@@ -36,21 +40,76 @@ STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 
 class Failure(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    device: int = Field(ge=0, le=63)
+    device: StrictInt = Field(ge=0, le=63)
     at: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 class SimulateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    algorithm: str = Field(default="ring", max_length=40)      # checked against the registry per request
+    algorithm: StrictStr = Field(default="ring", max_length=40)      # checked against the registry per request
     topology: Literal[TOPOLOGIES] = "ring"
-    workers: int = Field(default=8, ge=2, le=64)
-    size: str | int = "160MB"
-    bandwidth: str | float | None = None
-    latency: str | float | None = None
-    components: int | None = Field(default=None, ge=1, le=256)
+    workers: StrictInt = Field(default=8, ge=2, le=64)
+    size: Annotated[StrictStr, Field(max_length=40)] | StrictInt = "160MB"
+    bandwidth: Annotated[StrictStr, Field(max_length=40)] | StrictFloat | StrictInt | None = None
+    latency: Annotated[StrictStr, Field(max_length=40)] | StrictFloat | StrictInt | None = None
+    components: StrictInt | None = Field(default=None, ge=1, le=192)
     eps: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     fail: Failure | None = None
+
+
+def _json(data) -> Response:
+    # encoded once: FastAPI's default walks every number of the timeline in Python first
+    try:
+        return Response(json.dumps(data, allow_nan=False), media_type="application/json")
+    except ValueError:   # an infinite or undefined time: the inputs were out of any useful range
+        raise GradsyncError("the result is not a finite number: bandwidth or latency out of range") from None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, whether sent with a length or in
+    chunks (a chunked body has no content-length to check up front)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self._refuse(send)
+        seen = 0
+        started = False
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watched)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send):
+        body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _size(text) -> int:
@@ -64,12 +123,7 @@ def create_app() -> FastAPI:
     """The ASGI app: ``uvicorn.run(create_app(), host="127.0.0.1")``."""
     app = FastAPI(title="gradsync", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse({"detail": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.exception_handler(GradsyncError)
     async def bad_input(request: Request, exc: GradsyncError):
@@ -95,16 +149,15 @@ def create_app() -> FastAPI:
     @app.get("/api/presets")
     def presets():
         return {"topologies": list(TOPOLOGIES), "algorithms": list(algorithms.names()),
-                "fixed_workers": {name: len(PRESETS[name]().workers) for name in TOPOLOGIES
-                                  if name not in ("ring", "ethernet")}}
+                "fixed_workers": {name: view.fixed_workers(name) for name in TOPOLOGIES if view.fixed_workers(name)},
+                "explanations": {name: algorithms.get(name).explanation for name in algorithms.names()},
+                "max_components_per_worker": view.MAX_COMPONENTS_PER_WORKER}
 
     @app.post("/api/simulate")
     def simulate_view(req: SimulateRequest):
         fail = (req.fail.device, req.fail.at) if req.fail else None
-        data = view.simulation(req.algorithm, req.topology, req.workers, _size(req.size), req.bandwidth,
-                               req.latency, req.components, req.eps, fail)
-        # encoded once: FastAPI's default walks every number of the timeline in Python first
-        return Response(json.dumps(data), media_type="application/json")
+        return _json(view.simulation(req.algorithm, req.topology, req.workers, _size(req.size), req.bandwidth,
+                                     req.latency, req.components, req.eps, fail))
 
     @app.get("/api/schedule")
     def schedule(algorithm: str = Query("ring", max_length=40), workers: int = Query(8, ge=1, le=64),
@@ -115,7 +168,11 @@ def create_app() -> FastAPI:
         return s.to_dict()
 
     @app.get("/api/compare")
-    def compare(size: str = Query("160MB", max_length=40)):
-        return view.comparison(_size(size))
+    def compare(size: str = Query("160MB", max_length=40), topology: Literal[TOPOLOGIES] = "pcie-switch-4",
+                bandwidth: str | None = Query(None, max_length=40), latency: str | None = Query(None, max_length=40),
+                components: int | None = Query(None, ge=1, le=192), eps: float | None = Query(None, gt=0, lt=1),
+                algorithm: str | None = Query(None, max_length=40)):
+        chosen = None if algorithm is None else (algorithms.get(algorithm).name,)
+        return _json(view.comparison(_size(size), topology, bandwidth or None, latency or None, components, eps, chosen))
 
     return app

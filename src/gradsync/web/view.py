@@ -15,57 +15,76 @@ import numpy as np
 from .. import algorithms
 from ..cost import default_options, predict
 from ..errors import ConfigError
-from ..schedule import carried_inputs, intervals
+from ..narrate import narrate
+from ..schedule import CODED, COPY, REDUCE, carried_inputs, intervals
 from ..simulate import SimResult, simulate
 from ..topology import Link, Topology, preset
 from ..topology.presets import pcie_switch
-from ..units import parse_bandwidth, parse_time, parse_size
+from ..units import parse_bandwidth, parse_size, parse_time
+from .layout import layout
 
 MAX_TRANSFERS = 60_000        # keeps every request's work and response bounded
-MAX_CELLS = 64                # buffer cells drawn per device
+MAX_CELLS = 64                # buffer chunks drawn per device
 TREE_SEGMENTS = 32            # the view's tree pipelines at most this many segments
-SEED_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # 4 GPUs, PCIe 16 GB/s, 160 MB
+MAX_COMPONENTS_PER_WORKER = 3  # CERAR designs the view builds: c <= 3N (beyond, designs take seconds)
+BANDWIDTH_RANGE = (1e3, 1e13)  # bytes/s the view accepts: 1 KB/s to 10 TB/s
+LATENCY_RANGE = (0.0, 1.0)     # seconds
+SEED_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
+FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
 
 
-def _layout(topo: Topology) -> list[tuple[float, float]]:
-    """Workers on a circle, everything else on an inner circle (or the centre)."""
-    workers = [topo.index[w] for w in topo.workers]
-    others = [i for i in range(len(topo.nodes)) if i not in set(workers)]
-    pos = [(0.5, 0.5)] * len(topo.nodes)
-    for k, i in enumerate(workers):
-        a = 2 * math.pi * k / len(workers) - math.pi / 2
-        pos[i] = (0.5 + 0.42 * math.cos(a), 0.5 + 0.42 * math.sin(a))
-    for k, i in enumerate(others):
-        a = 2 * math.pi * k / max(len(others), 1) - math.pi / 2
-        r = 0.0 if len(others) == 1 else 0.18
-        pos[i] = (0.5 + r * math.cos(a), 0.5 + r * math.sin(a))
-    return pos
+def _links(bandwidth, latency) -> tuple[float | None, float | None]:
+    bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
+    lat = parse_time(latency) if latency is not None else None
+    if bw is not None and not BANDWIDTH_RANGE[0] <= bw <= BANDWIDTH_RANGE[1]:
+        raise ConfigError(f"bandwidth must be between 1KB/s and 10TB/s, got {bandwidth!r}")
+    if lat is not None and not LATENCY_RANGE[0] <= lat <= LATENCY_RANGE[1]:
+        raise ConfigError(f"latency must be between 0 and 1s, got {latency!r}")
+    return bw, lat
 
 
 def _with_links(topo: Topology, bandwidth, latency) -> Topology:
     if bandwidth is None and latency is None:
         return topo
-    bw = parse_bandwidth(bandwidth) if bandwidth is not None else None
-    lat = parse_time(latency) if latency is not None else None
+    bw, lat = _links(bandwidth, latency)
     links = tuple(Link(l.a, l.b, bw or l.bandwidth, l.latency if lat is None else lat, l.duplex) for l in topo.links)
     return Topology(topo.name, topo.nodes, links, topo.workers, topo.host, topo.rings, topo.ring_weights,
                     topo.description)
 
 
+def fixed_workers(name: str) -> int | None:
+    """How many workers preset ``name`` has, if it fixes them: ``fixed_workers("dgx-2")`` is 16."""
+    return len(preset(name).workers) if name in FIXED else None
+
+
 @lru_cache(maxsize=128)
 def topology_for(name: str, workers: int, bandwidth=None, latency=None) -> Topology:
     """The view's topology (cached: its routes are kept across requests)."""
-    topo = preset(name, workers) if name in ("ring", "ethernet") else preset(name)
-    if name not in ("ring", "ethernet"):
+    topo = preset(name, workers) if name not in FIXED else preset(name)
+    if name in FIXED:
         topo = topo.with_workers(min(workers, len(topo.workers)))
     return _with_links(topo, bandwidth, latency)
 
 
-def _cells(schedule) -> list[int]:
-    """Buffer cells to draw: the schedule's elementary intervals, or MAX_CELLS equal ones."""
-    cuts = intervals(schedule)[0]
+def chunk_cuts(schedule) -> list[int]:
+    """The chunks the view draws in each buffer: the schedule's own pieces (its elementary
+    intervals; for a coded schedule its c components), refined to at least N equal chunks and
+    coarsened to at most MAX_CELLS.
+
+    >>> from gradsync import algorithms
+    >>> chunk_cuts(algorithms.build("central", 4, 100))
+    [0, 25, 50, 75, 100]
+    """
+    d, n = schedule.elements, schedule.workers
+    if schedule.codec is not None:
+        c = int(schedule.options.get("components") or n)
+        cuts = np.unique(np.minimum(np.arange(c + 1) * -(-d // c), d))
+    else:
+        cuts = intervals(schedule)[0]
+    if len(cuts) - 1 < n:
+        cuts = np.union1d(cuts, np.linspace(0, d, n + 1).astype(np.int64))
     if len(cuts) - 1 > MAX_CELLS:
-        cuts = np.unique(np.linspace(0, schedule.elements, MAX_CELLS + 1).astype(np.int64))
+        cuts = np.unique(np.linspace(0, d, MAX_CELLS + 1).astype(np.int64))
     return cuts.tolist()
 
 
@@ -96,43 +115,87 @@ def failure(result: SimResult, device: int, at: float) -> dict:
     return {"device": device, "at_s": at, "completed": completed, "stopped": stopped}
 
 
-def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
-               components=None, eps=None, fail=None) -> dict:
-    """Everything the page draws for one collective."""
-    topo = topology_for(topology, workers, bandwidth, latency)
-    n = len(topo.workers)
-    nbytes = parse_size(size)
+def _options(algorithm: str, topo: Topology, n: int, nbytes: int, components, eps) -> dict:
     takes = algorithms.get(algorithm).options
     options = default_options(algorithm, topo, n)
     # the page's fields apply to the algorithms that take them, and are ignored by the others
     options.update({k: v for k, v in (("components", components), ("eps", eps)) if v is not None and k in takes})
     if "segments" in takes:
         options["segments"] = max(1, min(TREE_SEGMENTS, -(-(nbytes // 4) // (1 << 18))))
-    schedule = algorithms.build(algorithm, n, nbytes // 4, dtype="float32", **options)
+    if "components" in takes:
+        c = options.get("components") or 2 * n
+        if c > MAX_COMPONENTS_PER_WORKER * n:
+            raise ConfigError(f"components must be at most {MAX_COMPONENTS_PER_WORKER} x workers = "
+                              f"{MAX_COMPONENTS_PER_WORKER * n} in the view, got {c}")
+    if "max_error" in takes:
+        options["max_error"] = 1e300     # build refused designs too: the view shows them, in red
+    return options
+
+
+def _build(algorithm: str, topo: Topology, n: int, nbytes: int, components=None, eps=None):
+    schedule = algorithms.build(algorithm, n, nbytes // 4, dtype="float32",
+                                **_options(algorithm, topo, n, nbytes, components, eps))
     if len(schedule.transfers) > MAX_TRANSFERS:
         raise ConfigError(f"this collective has {len(schedule.transfers)} transfers; the view draws at most "
                           f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
+    return schedule
+
+
+def _estimate(schedule) -> dict | None:
+    """A coded schedule's error, and whether gradsync would refuse the design."""
+    if schedule.codec is None:
+        return None
+    from ..coding import cerar
+    design = cerar.Design.from_dict(schedule.codec)
+    error = design.checked_error("float32")
+    limit = cerar.DEFAULT_MAX_ERROR
+    return {"error": error, "limit": limit, "refused": bool(not error <= limit),
+            "rounds": design.rounds, "components": design.components}
+
+
+def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
+               components=None, eps=None, fail=None) -> dict:
+    """Everything the page draws for one collective: the topology and its drawing, every
+    transfer's timeline, the chunks, the narration, the algorithm's explanation, CERAR's
+    error and a failure's outcome.
+
+    >>> d = simulation("ring", "ring", 4, 1_000_000)
+    >>> d["narration"][0]["text"][:40]
+    'reduce-scatter, step 1 of 3: every worke'
+    """
+    topo = topology_for(topology, workers, bandwidth, latency)
+    n = len(topo.workers)
+    nbytes = parse_size(size)
+    spec = algorithms.get(algorithm)
+    schedule = _build(algorithm, topo, n, nbytes, components, eps)
     result = simulate(schedule, topo)
     t = schedule.transfers
     names = [nd.name for nd in topo.nodes]
     placed = [names[i] for i in result.placement]
     paths = [topo.route_nodes(placed[s], placed[d]) for s, d in zip(t["src"].tolist(), t["dst"].tolist())]
-    pos = _layout(topo)
-    error = None
-    if schedule.codec is not None:
-        from ..coding import cerar
-        error = cerar.Design.from_dict(schedule.codec).predicted_error("float32")
+    pos, bends = layout(topology, topo)
+    cuts = chunk_cuts(schedule)
+    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
+              if key in spec.phases}
+    estimate = _estimate(schedule)
+    busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
+            for k, l in enumerate(topo.links)]
     out = {
-        "algorithm": algorithm, "topology": {
-            "name": topo.name, "description": topo.description,
+        "algorithm": algorithm, "summary": spec.summary, "explanation": spec.explanation,
+        "topology": {
+            "name": topo.name, "preset": topology, "description": topo.description,
+            "fixed_workers": fixed_workers(topology),
             "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y} for nd, (x, y) in zip(topo.nodes, pos)],
             "links": [{"a": topo.index[l.a], "b": topo.index[l.b], "bandwidth": l.bandwidth, "latency": l.latency,
-                       "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1])}
+                       "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1]),
+                       "busy_s": busy[k], "bend": bends[k]}
                       for k, l in enumerate(topo.links)]},
         "workers": n, "bytes": nbytes, "elements": schedule.elements, "time_s": result.time, "rounds": schedule.rounds,
         "options": {k: v for k, v in schedule.options.items() if k in ("segments", "components", "eps")},
         "busbw_GBps": (nbytes / result.time) * 2 * (n - 1) / n / 1e9 if result.time > 0 else 0.0,
-        "error": error, "placement": result.placement.tolist(), "cells": _cells(schedule),
+        "error": estimate["error"] if estimate else None, "estimate": estimate,
+        "placement": result.placement.tolist(), "cells": cuts,
+        "narration": narrate(schedule, cuts, [placed[i] for i in range(len(placed))], phases),
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
@@ -144,38 +207,71 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
         if not 0 <= device < n:
             raise ConfigError(f"fail.device must be a worker in 0..{n - 1}, got {device}")
         out["failure"] = failure(result, device, fraction * result.time)
+        out["failure"]["recovery"] = _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps)
     return out
 
 
-def comparison(size: int, algorithms_: tuple | None = None,
-               workers: tuple = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> dict:
-    """Time against workers on a PCIe switch of N GPUs (the seed's server, grown): simulated and
-    closed form, with the seed's 4-GPU figures. ``algorithms_`` defaults to every exact
-    algorithm registered now that takes float32.
+def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps) -> dict:
+    """The elastic restart: the N - 1 survivors form a new group and run the collective again."""
+    if n - 1 < 2:
+        return {"workers": n - 1, "time_s": None, "note": "one survivor has nothing to synchronize with"}
+    topo = topology_for(topology, n - 1, bandwidth, latency)
+    try:
+        schedule = _build(algorithm, topo, n - 1, nbytes, components, eps)
+    except ConfigError as e:
+        return {"workers": n - 1, "time_s": None, "note": str(e)}
+    return {"workers": n - 1, "time_s": simulate(schedule, topo).time, "note": ""}
 
-    >>> sorted(comparison(4000, ("ring", "tree"), (2, 4))["curves"])
+
+def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, latency=None, components=None,
+               eps=None, algorithms_: tuple | None = None) -> dict:
+    """Time against workers per algorithm on the view's topology: simulated and closed form.
+    ``pcie-switch-4`` grows to N GPUs on one switch (D2L's server, with its figures marked);
+    other fixed presets count 2 up to their own workers; ``ring`` and ``ethernet`` go to 64.
+    ``algorithms_`` defaults to every registered algorithm that takes float32 (CERAR with
+    the given ``components`` and ``eps``).
+
+    >>> sorted(comparison(4000, algorithms_=("ring", "tree"))["curves"])
     ['ring', 'tree']
     """
     if algorithms_ is None:
-        algorithms_ = tuple(a for a in algorithms.names(exact=True) if algorithms.get(a).accepts("float32"))
-    return _comparison(size, tuple(algorithms_), tuple(workers))
+        algorithms_ = tuple(a for a in algorithms.names() if algorithms.get(a).accepts("float32"))
+    _links(bandwidth, latency)       # bad values are refused before any work
+    return _comparison(size, topology, bandwidth, latency, components, eps, tuple(algorithms_))
+
+
+def _compare_workers(topology: str) -> tuple[int, ...]:
+    most = fixed_workers(topology)
+    if most is None or topology == "pcie-switch-4":
+        return (2, 3, 4, 8, 16, 32, 64)
+    return tuple(n for n in (2, 3, 4, 6, 8, 12) if n < most) + (most,)
 
 
 @lru_cache(maxsize=32)
-def _comparison(size: int, algorithms_: tuple, workers: tuple) -> dict:
+def _comparison(size: int, topology: str, bandwidth, latency, components, eps, algorithms_: tuple) -> dict:
+    workers = _compare_workers(topology)
     curves = {}
     for name in algorithms_:
         sim, closed = [], []
         for n in workers:
-            topo = pcie_switch(n)
-            options = default_options(name, topo, n)
-            schedule = algorithms.build(name, n, size // 4, **options)
-            sim.append(simulate(schedule, topo).time if len(schedule.transfers) <= MAX_TRANSFERS else None)
-            closed.append(predict(name, topo, n, size, **options))
-        curves[name] = {"simulated_s": sim, "closed_form_s": closed}
-    marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in SEED_FIGURES.items()] if size == 160_000_000 else []
-    return {"workers": list(workers), "bytes": size, "curves": curves, "seed_marks": marks,
-            "topology": "pcie-switch-N: N GPUs and the CPU on 16 GB/s links to one switch"}
+            topo = pcie_switch(n) if topology == "pcie-switch-4" else topology_for(topology, n)
+            topo = _with_links(topo, bandwidth, latency)
+            try:
+                schedule = _build(name, topo, n, size, components, eps)
+                sim.append(simulate(schedule, topo).time)
+            except ConfigError:
+                sim.append(None)
+            try:
+                options = {k: v for k, v in _options(name, topo, n, size, components, eps).items() if k != "max_error"}
+                closed.append(predict(name, topo, n, size, **options))
+            except ConfigError:
+                closed.append(None)
+        curves[name] = {"simulated_s": sim, "closed_form_s": closed, "exact": algorithms.get(name).exact}
+    seed = topology == "pcie-switch-4" and size == 160_000_000 and bandwidth is None and latency is None
+    marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in SEED_FIGURES.items()] if seed else []
+    where = ("pcie-switch-N: N GPUs and the CPU on links to one switch" if topology == "pcie-switch-4"
+             else f"{topology}, 2 to {workers[-1]} workers")
+    return {"workers": list(workers), "bytes": size, "curves": curves, "seed_marks": marks, "topology": where}
 
 
 def warm_up() -> None:
