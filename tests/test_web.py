@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
@@ -209,3 +210,268 @@ def test_every_algorithm_and_topology_draws(page):
                                    f"document.querySelector('#summary').textContent.includes('on {topology}')")
         shot(page, f"topology-{topology}")
     assert page.errors == [] and page.text_content("#status") == ""
+
+
+# ---- the API's bounds: every bad input is a 4xx with valid JSON --------------------------------
+
+@pytest.mark.parametrize("body", [
+    {"bandwidth": 1e-300}, {"latency": 1e308}, {"bandwidth": True}, {"workers": True}, {"latency": "2 years"},
+    {"algorithm": "cerar", "workers": 8, "components": 25}, {"size": "1" * 100},
+])
+def test_out_of_range_inputs_are_refused_with_valid_json(client, body):
+    r = client.post("/api/simulate", json=body)
+    assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+    detail = json.loads(r.text)["detail"]                     # strict JSON: no Infinity, no NaN
+    assert isinstance(detail, str) and len(r.text) < 2000
+
+
+def test_a_chunked_body_over_the_limit_is_refused_unread(client):
+    def chunks():
+        for _ in range(20):
+            yield b" " * 1024 * 1024                         # 20 MB without a content-length
+    r = client.post("/api/simulate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and len(r.content) < 200
+
+
+def test_cerar_designs_the_view_builds_are_bounded_and_refused_ones_are_marked(client):
+    r = client.post("/api/simulate", json={"algorithm": "cerar", "workers": 8, "components": 24})
+    assert r.status_code == 200
+    e = r.json()["estimate"]
+    assert e["refused"] == (e["error"] > e["limit"]) and e["refused"]          # 3N is past the error limit
+    from gradsync.coding import cerar
+    assert e["limit"] == cerar.DEFAULT_MAX_ERROR
+    ok = client.post("/api/simulate", json={"algorithm": "cerar", "workers": 8}).json()["estimate"]
+    assert not ok["refused"] and ok["error"] <= ok["limit"]
+
+
+def test_compare_follows_topology_links_and_cerar(client):
+    base = client.get("/api/compare?size=16MB&topology=dgx-2&algorithm=ring").json()
+    assert base["workers"][-1] == 16 and "dgx-2" in base["topology"]
+    slow = client.get("/api/compare?size=16MB&topology=dgx-2&algorithm=ring&bandwidth=1GB/s").json()
+    ratio = [a / b for a, b in zip(slow["curves"]["ring"]["simulated_s"], base["curves"]["ring"]["simulated_s"])]
+    assert min(ratio) > 10                                     # 150 GB/s NVSwitch links down to 1 GB/s
+    cerar = client.get("/api/compare?size=16MB&topology=ring&algorithm=cerar&components=12").json()
+    sim = cerar["curves"]["cerar"]["simulated_s"]
+    # c = 12 is allowed up to 3N: from N = 4 on; refused below (None), never silently replaced
+    assert [s is None for s in sim] == [n * 3 < 12 for n in cerar["workers"]]
+    assert client.get("/api/compare?size=16MB&bandwidth=-1").status_code == 400
+
+
+# ---- narration and layouts: true to the schedule and the topology -------------------------------
+
+def test_ring_narration_at_four_workers_matches_the_schedule(client):
+    from gradsync.algorithms import ring
+    d = client.post("/api/simulate", json={"algorithm": "ring", "topology": "ring", "workers": 4, "size": "16MB"}).json()
+    s = ring.schedule(4, d["elements"])
+    t, names = s.transfers, [d["topology"]["nodes"][p]["name"] for p in d["placement"]]
+    chunk = len(d["cells"]) - 1
+    assert chunk == 4 and len(d["narration"]) == s.rounds == 6
+    for r, step in enumerate(d["narration"]):
+        phase, k = ("reduce-scatter", r + 1) if r < 3 else ("all-gather", r - 2)
+        assert step["text"].startswith(f"{phase}, step {k} of 3: every worker i sends chunk ")
+        assert ("adds it" in step["text"]) == (r < 3)
+        sent = t[t["round"] == r]
+        for src, dst, offset in zip(sent["src"], sent["dst"], sent["offset"]):
+            c = int(np.searchsorted(d["cells"], offset, side="right") - 1)
+            assert f"{names[src]} -> {names[dst]}: chunk {c}" in step["transfers"]
+            # and the rule agrees: chunk i + shift from worker i to worker i + 1
+            shift = (c - src) % 4
+            said = {0: "chunk i ", 1: "chunk i + 1 ", 2: "chunk i + 2 ", 3: "chunk i - 1 "}[shift]
+            assert said in step["text"] and "to worker i + 1 (mod 4)" in step["text"]
+
+
+def _bezier(a, b, bend, steps=40):
+    a, b = np.asarray(a), np.asarray(b)
+    d = b - a
+    c = (a + b) / 2 + np.array([-d[1], d[0]]) * bend
+    u = np.linspace(0, 1, steps)[:, None]
+    return (1 - u) ** 2 * a + 2 * (1 - u) * u * c + u ** 2 * b
+
+
+@pytest.mark.parametrize("name", ["ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowbw-cluster"])
+def test_no_link_is_drawn_through_a_node_it_does_not_connect(name):
+    from gradsync.topology import preset
+    from gradsync.web.layout import layout
+    for workers in (4, 8, 64) if name in ("ring", "ethernet") else (None,):
+        topo = preset(name, workers) if workers else preset(name)
+        pos, bends = layout(name, topo)
+        pos = np.array(pos)
+        for link, bend in zip(topo.links, bends):
+            a, b = topo.index[link.a], topo.index[link.b]
+            points = _bezier(pos[a], pos[b], bend)
+            others = np.delete(np.arange(len(pos)), [a, b])
+            gap = np.linalg.norm(points[None, :, :] - pos[others][:, None, :], axis=2).min()
+            assert gap > 0.02, (name, workers, link.a, link.b, gap)
+
+
+# ---- the page: failures, chunks, stale answers, viewports ---------------------------------------
+
+def _frames(page, count=2):
+    page.evaluate(f"new Promise(r => {{ let k = {count}; const f = () => (--k ? requestAnimationFrame(f) : r()); requestAnimationFrame(f); }})")
+
+
+def _load(page, **controls):
+    before = page.evaluate("window.gradsyncStats.loadedAt")
+    for key, value in controls.items():
+        if key in ("algorithm", "topology"):
+            page.select_option(f"#{key}", value)
+        else:
+            page.fill(f"#{key}", str(value))
+            page.dispatch_event(f"#{key}", "change")
+    page.wait_for_function(f"window.gradsyncStats.loadedAt > {before} && !window.gradsyncStats.pending && "
+                           f"document.querySelector('#status').textContent === ''")
+
+
+@pytest.mark.slow
+def test_failing_any_device_of_any_algorithm_never_freezes_the_page(page):
+    _load(page, workers=4, size="16MB")
+    for algorithm in ("central", "host", "sharded", "ring", "tree", "halving_doubling", "cerar"):
+        _load(page, algorithm=algorithm)
+        for device in range(4):
+            for at in (0.0, 0.1, 0.4, 0.5, 0.9):
+                before = page.evaluate("window.gradsyncStats.loadedAt")
+                page.fill("#fail-device", str(device))
+                page.eval_on_selector("#fail-at", f"(e) => e.value = '{at}'")
+                page.click("#fail")
+                page.wait_for_function(f"window.gradsyncStats.loadedAt > {before} && !window.gradsyncStats.pending")
+                total = float(page.get_attribute("#total-time", "data-time-s"))
+                for when in (0, at * total, at * total * 1.0001 + 1e-12, total):   # every drawing path
+                    page.evaluate(f"window.gradsyncView.seek({when})")
+                    _frames(page)
+        # after the last failure the animation goes on: frames keep coming and the picture moves
+        page.evaluate(f"window.gradsyncView.seek({total})")   # past the failure, which is marked (and pulses)
+        page.click("#play")
+        first = page.evaluate("document.querySelector('#view').toDataURL()")
+        page.wait_for_timeout(400)
+        assert page.evaluate("document.querySelector('#view').toDataURL()") != first, algorithm
+    assert page.errors == []
+
+
+def _reference_counts(d, now):
+    """Inputs each node holds per chunk at time ``now``: the timeline replayed on real numbers
+    (worker w's input is 2**w in every element), counting the bits of what each chunk holds."""
+    t = d["transfers"]
+    cuts = np.array(d["cells"])
+    held = np.zeros((len(d["placement"]), len(cuts) - 1))
+    held[:d["workers"]] = (2.0 ** np.arange(d["workers"]))[:, None]
+    for i in sorted((i for i in range(len(t["src"])) if t["done"][i] <= now), key=lambda i: t["done"][i]):
+        lo = np.searchsorted(cuts, t["offset"][i], side="right") - 1
+        hi = np.searchsorted(cuts, t["offset"][i] + t["count"][i], side="left")
+        payload = held[t["src"][i], lo:hi].copy()
+        if t["op"][i] == 0:
+            held[t["dst"][i], lo:hi] += payload
+        else:
+            held[t["dst"][i], lo:hi] = payload
+    return np.vectorize(lambda v: bin(int(v)).count("1"))(held)
+
+
+def _hue(rgb):
+    import colorsys
+    return 360 * colorsys.rgb_to_hsv(*(np.array(rgb[:3]) / 255))[0]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling"])
+def test_chunk_colours_follow_the_inputs_each_chunk_holds(page, server, algorithm):
+    import urllib.request
+    _load(page, algorithm=algorithm, workers=4, size="4MB")
+    body = {"algorithm": algorithm, "topology": "ring", "workers": 4, "size": "4MB"}
+    req = urllib.request.Request(server + "api/simulate", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    d = json.loads(urllib.request.urlopen(req).read())
+    k = len(d["cells"]) - 1
+    for fraction in (0.2, 0.5, 0.8, 1.0):
+        now = fraction * d["time_s"]
+        page.evaluate(f"window.gradsyncView.seek({now})")
+        _frames(page)
+        state = page.evaluate("window.gradsyncView.state()")
+        expected = _reference_counts(d, now)
+        assert np.array_equal(np.array(state["counts"])[:4], expected[:4]), (algorithm, fraction)
+        for node in range(4):
+            for c in range(k):
+                rgb = page.evaluate(f"(() => {{ const b = window.gradsyncView.cellBox({node}, {c}); "
+                                    f"return window.gradsyncView.pixel(b.x + b.w / 2, b.y + b.h - 2); }})()")
+                # the bottom of a chunk is coloured once it holds an input, in the chunk's own hue
+                assert abs((_hue(rgb) - 360 * c / k + 180) % 360 - 180) < 20, (algorithm, fraction, node, c, rgb)
+        if fraction == 1.0:
+            assert (expected[:4] == 4).all()
+    assert page.errors == []
+
+
+def test_stale_answers_never_overwrite_newer_ones(page):
+    # the first request of each kind is held back and answered after the second
+    held = {"simulate": 0, "compare": 0}
+
+    def slow(route, kind):
+        held[kind] += 1
+        if held[kind] == 1:
+            time.sleep(1.5)
+        try:
+            route.continue_()
+        except Exception:
+            pass                                              # aborted by the page: as intended
+
+    page.route("**/api/simulate", lambda route: slow(route, "simulate"))
+    page.route("**/api/compare?*size=100MB*", lambda route: slow(route, "compare"))
+    page.fill("#size", "100MB"); page.dispatch_event("#size", "change")
+    page.wait_for_timeout(100)
+    page.fill("#size", "10MB"); page.dispatch_event("#size", "change")
+    page.wait_for_timeout(3000)
+    assert page.evaluate("window.gradsyncStats.chart.bytes") == 10_000_000
+    assert "10 MB" in page.text_content("#summary") or "10.0 MB" in page.text_content("#summary")
+    assert page.errors == []
+
+
+@pytest.mark.parametrize("size", [(390, 844), (1920, 1080)])
+def test_phone_and_wide_screens_have_no_sideways_scroll_and_no_tiny_text(browser, server, size):
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]}, device_scale_factor=2)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server)
+    page.wait_for_function("window.gradsyncStats && window.gradsyncStats.timeS > 0 && window.gradsyncStats.chartApplied > 0")
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= size[0]
+    smallest = page.evaluate("""Math.min(...[...document.querySelectorAll('body *')]
+        .filter(e => [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim()) && e.offsetParent !== null)
+        .map(e => parseFloat(getComputedStyle(e).fontSize)))""")
+    assert smallest >= 11 and page.evaluate("window.gradsyncStats.minFont") >= 11
+    # high-DPI: the canvas has a backing store of devicePixelRatio times its CSS size
+    assert page.evaluate("document.querySelector('#view').width") == pytest.approx(
+        2 * page.evaluate("document.querySelector('#view').clientWidth"), abs=2)
+    if size[0] >= 1900:   # the chart is above the fold on a wide screen
+        assert page.evaluate("document.querySelector('#chart').getBoundingClientRect().top") < size[1]
+    page.close()
+    assert errors == []
+
+
+def test_keyboard_controls_and_position_kept_across_changes(page):
+    page.focus("body")
+    page.keyboard.press(" ")
+    assert page.text_content("#play") == "play"
+    page.evaluate("window.gradsyncView.seek(0)")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("window.gradsyncView.state().now") > 0
+    total = float(page.get_attribute("#total-time", "data-time-s"))
+    page.evaluate(f"window.gradsyncView.seek({total / 2})")
+    _load(page, algorithm="halving_doubling")
+    new_total = float(page.get_attribute("#total-time", "data-time-s"))
+    assert page.evaluate("window.gradsyncView.state().now") == pytest.approx(new_total / 2, rel=0.05)
+
+
+def test_fixed_topologies_set_the_workers_field_and_the_chart_marks_the_animated_run(page):
+    _load(page, topology="pcie-switch-4")
+    assert page.input_value("#workers") == "4" and "4 workers" in page.text_content("#summary")
+    page.wait_for_function("window.gradsyncStats.chart && Object.keys(window.gradsyncStats.chart.curves).length === "
+                           "document.querySelector('#algorithm').options.length")
+    assert "cerar" in page.evaluate("Object.keys(window.gradsyncStats.chart.curves)")
+    assert page.evaluate("window.gradsyncStats.chartMark") == {"algorithm": "ring", "workers": 4}
+
+
+def test_a_refused_cerar_design_is_shown_in_red(page):
+    _load(page, algorithm="cerar", workers=8, components=24)
+    assert "refuses" in page.text_content("#numbers")
+    total = float(page.get_attribute("#total-time", "data-time-s"))
+    page.evaluate(f"window.gradsyncView.seek({total})")
+    _frames(page)
+    rgb = page.evaluate("(() => { const b = window.gradsyncView.cellBox(0, 0); return window.gradsyncView.pixel(b.x + 2, b.y + 7); })()")
+    assert rgb[0] > 200 and rgb[1] < 100 and rgb[2] < 100, rgb

@@ -65,13 +65,10 @@ def _json(data) -> Response:
         raise GradsyncError("the result is not a finite number: bandwidth or latency out of range") from None
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413, whether sent with a length or in
-    chunks (a chunked body has no content-length to check up front)."""
+    chunks (a chunked body has no content-length to check up front): the body is read here,
+    at most ``limit`` bytes of it, before the app sees any."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -79,31 +76,26 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
+        length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
             return await self._refuse(send)
-        seen = 0
-        started = False
-
-        async def limited():
-            nonlocal seen
+        messages, seen = [], 0
+        while True:
             message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise _TooLarge
-            return message
+                return await self._refuse(send)
+            if not message.get("more_body", False):
+                break
+        queued = iter(messages)
 
-        async def watched(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def replay():
+            return next(queued, None) or await receive()
 
-        try:
-            await self.app(scope, limited, watched)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send)
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send):
         body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()

@@ -87,7 +87,7 @@ def _cluster(topo: Topology) -> dict[str, tuple[float, float]]:
 
 LAYOUTS = {"ring": _ring, "pcie-switch-4": _star, "ethernet": _star, "p3.16xlarge": _cube_mesh,
            "dgx-2": _two_boards, "lowbw-cluster": _cluster}
-BENDS = {"p3.16xlarge": {("gpu0", "gpu4"): 0.28, ("gpu2", "gpu6"): -0.28}}
+BENDS = {"p3.16xlarge": {("gpu0", "gpu4"): -0.28, ("gpu2", "gpu6"): 0.28}}   # arcs outwards, over the quads
 
 
 def layout(preset: str, topo: Topology) -> tuple[list[tuple[float, float]], list[float]]:

@@ -181,7 +181,7 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
     busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
             for k, l in enumerate(topo.links)]
     out = {
-        "algorithm": algorithm, "summary": spec.summary, "explanation": spec.explanation,
+        "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
         "topology": {
             "name": topo.name, "preset": topology, "description": topo.description,
             "fixed_workers": fixed_workers(topology),

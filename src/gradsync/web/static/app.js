@@ -1,67 +1,89 @@
 // gradsync live view: draws the simulator's timeline of a real gradsync schedule.
-// It re-implements no algorithm: transfers, their times, routes and the inputs each carries
-// come from /api/simulate.
+// It re-implements no algorithm: transfers, their times, routes, the inputs each carries and
+// the sentence for each round come from /api/simulate.
 "use strict";
 
-const COLORS = { 0: "#f59e0b", 1: "#38bdf8", 2: "#c084fc" };   // reduce, copy, coded
 const $ = (id) => document.getElementById(id);
-const view = $("view"), ctx = view.getContext("2d");
-const stats = (window.gradsyncStats = { fps: 0, frames: 0, updateMs: null, requests: 0, drawnWorkers: 0 });
+const REDUCE = 0, COPY = 1, CODED = 2;
+const CODED_COLOR = "#c084fc", FAIL_COLOR = "#ef4444", DONE_RING = "#f8fafc";
+const MIN_FONT = 11;                       // CSS px: no text smaller than this, on any canvas
+const PLAY_SECONDS = 8;                    // the whole collective plays in this many seconds at speed 1
+const stats = (window.gradsyncStats = { fps: 0, frames: 0, updateMs: null, requests: 0, drawnWorkers: 0,
+                                         minFont: Infinity, chartRequests: 0, chartApplied: 0 });
 
 let data = null;          // the current simulation
 let anim = null;          // animation state derived from it
 let playing = true, speedExp = 0, simNow = 0, lastFrame = null;
-let pendingSince = null, controller = null;
-const PLAY_SECONDS = 8;   // the whole collective plays in this many seconds at speed 1
+let pendingSince = null, simController = null, simSeq = 0;
+let failure = null, hover = null;
+let fixedWorkers = {};
 
+// ---- formatting --------------------------------------------------------------------------------
 function fmtTime(s) {
+  if (s === null || s === undefined) return "-";
   if (s >= 1) return s.toPrecision(3) + " s";
   if (s >= 1e-3) return (s * 1e3).toPrecision(3) + " ms";
-  return (s * 1e6).toPrecision(3) + " us";
+  return (s * 1e6).toPrecision(3) + " µs";
 }
 function fmtBytes(b) {
-  for (const [u, k] of [["GB", 1e9], ["MB", 1e6], ["KB", 1e3]]) if (b >= k) return (b / k).toPrecision(4) + " " + u;
+  for (const [u, k] of [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["KB", 1e3]]) if (b >= k) return (b / k).toPrecision(3) + " " + u;
   return b + " B";
 }
+function font(g, px, weight = "") { px = Math.max(MIN_FONT, px); stats.minFont = Math.min(stats.minFont, px); g.font = `${weight} ${px}px system-ui, sans-serif`; }
+const chunkHue = (c, k) => (360 * c) / Math.max(k, 1);
+const chunkColor = (c, k, light = 55) => `hsl(${chunkHue(c, k)}, 85%, ${light}%)`;
 
-// ---- requests ------------------------------------------------------------------------------
+// ---- canvases: sized to their box, sharp on high-DPI screens -------------------------------------
+function fit(canvas, height) {
+  const dpr = window.devicePixelRatio || 1, w = canvas.clientWidth || 300;
+  const h = height ?? canvas.clientHeight ?? w;
+  if (height !== undefined) canvas.style.height = h + "px";
+  canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
+  const g = canvas.getContext("2d");
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return { g, w, h, dpr };
+}
+
+// ---- requests ----------------------------------------------------------------------------------
+function filled(id) { return $(id).value.trim() !== ""; }
 function params() {
   const p = { algorithm: $("algorithm").value, topology: $("topology").value,
               workers: Number($("workers").value), size: $("size").value.trim() || "160MB" };
-  for (const id of ["bandwidth", "latency", "eps"]) if (filled(id)) p[id] = $(id).value.trim();
+  for (const id of ["bandwidth", "latency"]) if (filled(id)) p[id] = $(id).value.trim();
+  if (filled("eps")) p.eps = Number($("eps").value);
   if (filled("components")) p.components = Number($("components").value);
   if (failure) p.fail = failure;
   return p;
 }
-function filled(id) { return $(id).value.trim() !== ""; }
-let failure = null;
 
 async function refresh() {
+  const seq = ++simSeq;
   pendingSince = performance.now();
-  if (controller) controller.abort();
-  controller = new AbortController();
+  if (simController) simController.abort();
+  simController = new AbortController();
   stats.requests++;
+  stats.pending = true;
+  $("status").textContent = "simulating…";
   try {
-    const r = await fetch("/api/simulate", { method: "POST", headers: { "content-type": "application/json" },
-                                            body: JSON.stringify(params()), signal: controller.signal });
-    const fetched = performance.now();
+    const r = await fetch("api/simulate", { method: "POST", headers: { "content-type": "application/json" },
+                                           body: JSON.stringify(params()), signal: simController.signal });
     const body = await r.json();
-    stats.fetchMs = fetched - pendingSince;
-    stats.parseMs = performance.now() - fetched;
-    if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); return; }
+    if (seq !== simSeq) return;                                   // a newer request owns the view
+    stats.pending = false;
+    if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); pendingSince = null; return; }
     $("status").textContent = "";
-    const loading = performance.now();
+    const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
     load(body);
-    stats.loadMs = performance.now() - loading;
+    advanceTo(keep * body.time_s);                                // a change keeps the position
   } catch (e) {
-    if (e.name !== "AbortError") $("status").textContent = String(e);
+    if (e.name !== "AbortError" && seq === simSeq) { $("status").textContent = String(e); stats.pending = false; }
   }
 }
 
-// ---- preparing a simulation for drawing ----------------------------------------------------
+// ---- preparing a simulation for drawing --------------------------------------------------------
 function load(d) {
   data = d;
-  const t = d.transfers, n = t.src.length;
+  const t = d.transfers, n = t.src.length, k = d.cells.length - 1;
   const byStart = [...Array(n).keys()].sort((a, b) => t.start[a] - t.start[b]);
   const byDone = [...Array(n).keys()].sort((a, b) => t.done[a] - t.done[b]);
   const cut = new Float64Array(n).fill(Infinity);       // when a transfer stops (failure)
@@ -70,224 +92,658 @@ function load(d) {
     for (let i = 0; i < n; i++) if (!d.failure.completed[i])
       cut[i] = Math.min(stop.get(t.src[i]) ?? Infinity, stop.get(t.dst[i]) ?? Infinity);
   }
-  const cells = d.cells, nodes = d.placement.length;
+  const cells = d.cells;
   const cellOf = (off) => { let lo = 0, hi = cells.length - 1; while (hi - lo > 1) { const m = (lo + hi) >> 1; if (cells[m] <= off) lo = m; else hi = m; } return lo; };
   const span = new Int32Array(2 * n);
-  for (let i = 0; i < n; i++) { span[2 * i] = cellOf(t.offset[i]); span[2 * i + 1] = cellOf(t.offset[i] + t.count[i] - 1) + 1; }
-  anim = { byStart, byDone, cut, span, nodes, startPtr: 0, donePtr: 0, active: new Set(), state: null };
-  drawStatic();
+  for (let i = 0; i < n; i++) {
+    if (t.op[i] === CODED) { span[2 * i] = 0; span[2 * i + 1] = k; continue; }   // a mixture of every chunk
+    span[2 * i] = cellOf(t.offset[i]); span[2 * i + 1] = Math.max(cellOf(t.offset[i] + t.count[i] - 1) + 1, span[2 * i] + 1);
+  }
+  const rounds = d.narration.length, roundIndex = new Map(d.narration.map((s, j) => [s.round, j]));
+  const roundStart = new Float64Array(rounds).fill(Infinity), roundDone = new Float64Array(rounds).fill(0);
+  for (let i = 0; i < n; i++) {
+    const j = roundIndex.get(t.round[i]);
+    roundStart[j] = Math.min(roundStart[j], t.start[i]); roundDone[j] = Math.max(roundDone[j], t.done[i]);
+  }
+  const codedPerWorker = new Int32Array(d.placement.length);
+  for (let i = 0; i < n; i++) if (t.op[i] === CODED) codedPerWorker[t.dst[i]]++;
+  anim = { byStart, byDone, cut, span, nodes: d.placement.length, k, roundIndex, roundStart, roundDone,
+           codedPerWorker, startPtr: 0, donePtr: 0, active: new Set(), state: null, coded: null, current: -1 };
   resetState();
   simNow = 0;
-  renderNumbers();
+  layoutView();
+  drawTimeline();
+  renderPanels();
   $("total-time").textContent = fmtTime(d.time_s);
   $("total-time").dataset.timeS = String(d.time_s);
-  const opts = Object.entries(d.options || {}).filter(([, v]) => v !== null).map(([k, v]) => `${k}=${v}`).join(", ");
+  const opts = Object.entries(d.options || {}).filter(([, v]) => v !== null).map(([key, v]) => `${key}=${v}`).join(", ");
   $("summary").textContent = `${d.algorithm}${opts ? " (" + opts + ")" : ""} on ${d.topology.name}: ` +
     `${d.workers} workers, ${fmtBytes(d.bytes)}, ${d.rounds} rounds — ${d.topology.description}`;
   stats.drawnWorkers = d.workers;
   stats.loadedAt = performance.now();
   stats.timeS = d.time_s;
+  markChart();
 }
 
 function resetState() {
-  const k = data.cells.length - 1;
-  anim.state = Array.from({ length: anim.nodes }, (_, node) => new Int32Array(k).fill(node < data.workers ? 1 : 0));
+  anim.state = Array.from({ length: anim.nodes }, (_, node) => new Int32Array(anim.k).fill(node < data.workers ? 1 : 0));
+  anim.coded = new Int32Array(anim.nodes);
   anim.startPtr = 0; anim.donePtr = 0; anim.active = new Set();
 }
 
 // Apply every event up to time `now`: starts enter the active set, completions update buffers.
 function advanceTo(now) {
+  if (!data) return;
   const t = data.transfers;
+  now = Math.max(0, now);
   if (now < simNow) resetState();
   while (anim.startPtr < anim.byStart.length && t.start[anim.byStart[anim.startPtr]] <= now) anim.active.add(anim.byStart[anim.startPtr++]);
   while (anim.donePtr < anim.byDone.length && t.done[anim.byDone[anim.donePtr]] <= now) {
     const i = anim.byDone[anim.donePtr++];
     anim.active.delete(i);
-    if (anim.cut[i] < Infinity) continue;
+    if (anim.cut[i] < Infinity) continue;                   // never arrived: a failure cut it
+    if (t.op[i] === CODED) { anim.coded[t.dst[i]]++; continue; }
     const buf = anim.state[t.dst[i]], carried = t.carried[i];
-    for (let c = anim.span[2 * i]; c < anim.span[2 * i + 1]; c++) {
-      if (carried < 0) continue;                       // coded packets: decoded at the end
-      buf[c] = t.op[i] === 0 ? buf[c] + carried : carried;
-    }
+    for (let c = anim.span[2 * i]; c < anim.span[2 * i + 1]; c++) buf[c] = t.op[i] === REDUCE ? buf[c] + carried : carried;
   }
-  // coded packets carry no input count (-1); the codec (error !== null) decodes the sum at the end
-  if (data.error !== null && now >= data.time_s && !data.failure)
-    for (let w = 0; w < data.workers; w++) anim.state[w].fill(data.workers);
   simNow = now;
 }
 
-// ---- drawing -------------------------------------------------------------------------------
+// Per cell, the fraction of the N inputs it holds (coded: packets received of those due; the
+// decode at the end gives every cell the estimate of the full sum).
+function cellFill(node, c) {
+  if (data.estimate) {
+    if (data.failure) return Math.min(1, anim.coded[node] / Math.max(anim.codedPerWorker[node], 1)) * 0.999;
+    return simNow >= data.time_s ? 1 : Math.min(1, anim.coded[node] / Math.max(anim.codedPerWorker[node], 1)) * 0.999;
+  }
+  return Math.min(1, anim.state[node][c] / data.workers);
+}
+
+// ---- the topology drawing ----------------------------------------------------------------------
+const view = $("view");
+let V = null;                       // { g, w, h } of the view canvas
 let staticLayer = document.createElement("canvas");
-const W = view.width, H = view.height, PAD = 60;
-const px = (node) => PAD + node.x * (W - 2 * PAD), py = (node) => PAD + node.y * (H - 2 * PAD);
+let geom = null;                    // per node: x, y, radius; per link: control point
+
+function layoutView() {
+  V = fit(view, undefined);
+  const { w, h } = V, nodes = data.topology.nodes, many = data.workers > 16;
+  const pad = Math.max(34, Math.min(w, h) * (many ? 0.05 : 0.09));
+  const x = (nd) => pad + nd.x * (w - 2 * pad), y = (nd) => pad + nd.y * (h - 2 * pad);
+  const links = new Map();
+  for (const l of data.topology.links) {
+    const a = nodes[l.a], b = nodes[l.b], ax = x(a), ay = y(a), bx = x(b), by = y(b);
+    const len = Math.hypot(bx - ax, by - ay) || 1, bend = l.bend || 0;
+    const cx = (ax + bx) / 2 + (-(by - ay) / len) * bend * len, cy = (ay + by) / 2 + ((bx - ax) / len) * bend * len;
+    links.set(l.a + "," + l.b, { cx, cy }); links.set(l.b + "," + l.a, { cx, cy });
+  }
+  geom = { x: nodes.map(x), y: nodes.map(y), r: nodes.map((nd) => (nd.kind === "switch" || nd.kind === "nic" ? 7 : many ? 6 : 11)), links };
+  drawStatic();
+}
+
+function curve(g, a, b) {
+  const c = geom.links.get(a + "," + b);
+  g.moveTo(geom.x[a], geom.y[a]);
+  if (c) g.quadraticCurveTo(c.cx, c.cy, geom.x[b], geom.y[b]); else g.lineTo(geom.x[b], geom.y[b]);
+}
 
 function drawStatic() {
-  staticLayer.width = W; staticLayer.height = H;
-  const g = staticLayer.getContext("2d"), nodes = data.topology.nodes;
-  const maxBw = Math.max(...data.topology.links.map((l) => l.bandwidth));
-  g.font = "11px sans-serif";
-  for (const l of data.topology.links) {
-    const a = nodes[l.a], b = nodes[l.b];
-    g.strokeStyle = "#334155"; g.lineWidth = 1 + 4 * l.bandwidth / maxBw;
-    g.beginPath(); g.moveTo(px(a), py(a)); g.lineTo(px(b), py(b)); g.stroke();
-    if (data.topology.links.length <= 40) {
-      g.fillStyle = "#64748b";
-      g.fillText(fmtBytes(l.bandwidth) + "/s", (px(a) + px(b)) / 2 + 3, (py(a) + py(b)) / 2 - 3);
-    }
+  const dpr = V.dpr;
+  staticLayer.width = view.width; staticLayer.height = view.height;
+  const g = staticLayer.getContext("2d");
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  const nodes = data.topology.nodes, links = data.topology.links, many = data.workers > 16;
+  const util = links.map((l) => (data.time_s > 0 ? l.busy_s / data.time_s : 0));
+  const busiest = util.indexOf(Math.max(...util));
+  const maxBw = Math.max(...links.map((l) => l.bandwidth));
+  links.forEach((l, k) => {
+    // load shading: idle links grey, the busier the more orange; the busiest outlined
+    const u = Math.min(1, util[k]);
+    g.strokeStyle = u > 0 ? `hsla(${30 - 10 * u}, 90%, ${30 + 25 * u}%, ${0.35 + 0.65 * u})` : "#1e293b";
+    g.lineWidth = 1 + 4 * l.bandwidth / maxBw;
+    g.beginPath(); curve(g, l.a, l.b); g.stroke();
+  });
+  if (busiest >= 0 && util[busiest] > 0) {
+    const l = links[busiest], c = geom.links.get(l.a + "," + l.b);
+    g.strokeStyle = "#fbbf24"; g.setLineDash([6, 4]); g.lineWidth = 1.5;
+    g.beginPath(); curve(g, l.a, l.b); g.stroke(); g.setLineDash([]);
+    font(g, 11); g.fillStyle = "#fbbf24";
+    g.fillText(`busiest: ${Math.round(util[busiest] * 100)}% busy`, c.cx + 6, c.cy - 6);
   }
-  for (const nd of nodes) {
+  if (!many && links.length <= 40 && V.w >= 600) {
+    font(g, 11); g.fillStyle = "#64748b";
+    for (const l of links) { const c = geom.links.get(l.a + "," + l.b); g.fillText(fmtBytes(l.bandwidth) + "/s", c.cx + 4, c.cy + 14); }
+  }
+  nodes.forEach((nd, i) => {
     g.fillStyle = nd.kind === "gpu" || nd.kind === "host" ? "#1d4ed8" : nd.kind === "cpu" ? "#15803d" : "#475569";
-    g.beginPath(); g.arc(px(nd), py(nd), nd.kind === "switch" || nd.kind === "nic" ? 7 : 11, 0, 2 * Math.PI); g.fill();
-    if (nodes.length <= 40 || nd.kind !== "gpu") { g.fillStyle = "#cbd5e1"; g.fillText(nd.name, px(nd) + 13, py(nd) - 13); }
-  }
-}
-
-function pointOnPath(path, f) {
-  const nodes = data.topology.nodes, legs = path.length - 1;
-  const x = Math.min(f * legs, legs - 1e-9), k = Math.floor(x), r = x - k;
-  const a = nodes[path[k]], b = nodes[path[k + 1]];
-  return [px(a) + (px(b) - px(a)) * r, py(a) + (py(b) - py(a)) * r];
-}
-
-function drawBuffers() {
-  const k = data.cells.length - 1, nodes = data.topology.nodes, n = data.workers, cellW = Math.max(1, 36 / k);
-  for (let s = 0; s < anim.nodes; s++) {
-    const nd = nodes[data.placement[s]], x0 = px(nd) - 18, y0 = py(nd) + 13, buf = anim.state[s];
-    for (let c = 0; c < k; c++) {
-      const f = Math.min(1, buf[c] / n);
-      ctx.fillStyle = f >= 1 ? "#22c55e" : `rgba(148,163,184,${0.15 + 0.7 * f})`;
-      ctx.fillRect(x0 + c * cellW, y0, Math.max(cellW - 0.3, 0.7), 6);
+    g.beginPath();
+    if (nd.kind === "switch" || nd.kind === "nic") g.rect(geom.x[i] - 8, geom.y[i] - 8, 16, 16); else g.arc(geom.x[i], geom.y[i], geom.r[i], 0, 2 * Math.PI);
+    g.fill();
+    if (!many || nd.kind !== "gpu" && nd.kind !== "host") {
+      font(g, 12); g.fillStyle = "#e2e8f0"; g.fillText(nd.name, geom.x[i] + geom.r[i] + 3, geom.y[i] - geom.r[i] - 2);
     }
+  });
+}
+
+// Where a transfer is at fraction f of its path (f clamped to [0, 1]; curves followed).
+function pointOnPath(path, f) {
+  f = Math.max(0, Math.min(1, Number.isFinite(f) ? f : 0));
+  const legs = path.length - 1;
+  if (legs < 1) return [geom.x[path[0]], geom.y[path[0]], 0, 0];
+  const x = Math.min(f * legs, legs - 1e-9), k = Math.floor(x), r = x - k, a = path[k], b = path[k + 1];
+  const ax = geom.x[a], ay = geom.y[a], bx = geom.x[b], by = geom.y[b], c = geom.links.get(a + "," + b);
+  if (!c) return [ax + (bx - ax) * r, ay + (by - ay) * r, bx - ax, by - ay];
+  const u = 1 - r;
+  return [u * u * ax + 2 * u * r * c.cx + r * r * bx, u * u * ay + 2 * u * r * c.cy + r * r * by,
+          2 * u * (c.cx - ax) + 2 * r * (bx - c.cx), 2 * u * (c.cy - ay) + 2 * r * (by - c.cy)];
+}
+
+// A packet: a dot in its chunk's colour, a bar of colours for several chunks, a diamond for coded.
+function drawPacket(g, i, x, y, failed) {
+  const t = data.transfers, k = anim.k, c0 = anim.span[2 * i], c1 = anim.span[2 * i + 1];
+  const size = data.workers > 16 ? 3.5 : 5.5;
+  if (failed) { g.fillStyle = FAIL_COLOR; g.beginPath(); g.arc(x, y, size, 0, 2 * Math.PI); g.fill(); return; }
+  if (t.op[i] === CODED) {
+    g.fillStyle = CODED_COLOR; g.beginPath();
+    g.moveTo(x, y - size - 1); g.lineTo(x + size + 1, y); g.lineTo(x, y + size + 1); g.lineTo(x - size - 1, y); g.fill();
+    return;
+  }
+  if (c1 - c0 === 1) { g.fillStyle = chunkColor(c0, k); g.beginPath(); g.arc(x, y, size, 0, 2 * Math.PI); g.fill(); return; }
+  const parts = Math.min(c1 - c0, 8), width = Math.min(4 * size, 2 * size + parts * 2), step = (c1 - c0) / parts;
+  for (let p = 0; p < parts; p++) {
+    g.fillStyle = chunkColor(c0 + Math.floor(p * step), k);
+    g.fillRect(x - width / 2 + (p * width) / parts, y - size, width / parts + 0.5, 2 * size);
+  }
+  g.strokeStyle = COPY === t.op[i] ? "#e2e8f0" : "#0f172a"; g.lineWidth = 1;
+  g.strokeRect(x - width / 2, y - size, width, 2 * size);
+}
+
+function drawPackets(g) {
+  const t = data.transfers, buckets = new Map();
+  for (const i of anim.active) {
+    const end = Math.min(t.done[i], anim.cut[i]);
+    if (simNow > end || anim.cut[i] <= t.start[i]) continue;     // cut before it left: nothing moves
+    const f = (simNow - t.start[i]) / Math.max(t.done[i] - t.start[i], 1e-15);
+    const [x, y, dx, dy] = pointOnPath(t.path[i], f);
+    const key = Math.round(x / 6) + "," + Math.round(y / 6);
+    const b = buckets.get(key);
+    if (b) b.items.push(i); else buckets.set(key, { x, y, dx, dy, items: [i] });
+  }
+  // flows that share a point are fanned out across the path, and counted when there are many
+  for (const { x, y, dx, dy, items } of buckets.values()) {
+    const len = Math.hypot(dx, dy) || 1, nx = -dy / len, ny = dx / len, shown = Math.min(items.length, 5);
+    for (let j = 0; j < shown; j++) {
+      const o = (j - (shown - 1) / 2) * (data.workers > 16 ? 5 : 9);
+      drawPacket(g, items[j], x + nx * o, y + ny * o, false);
+    }
+    if (items.length > 1) { font(g, 11, "bold"); g.fillStyle = "#f8fafc"; g.fillText(`×${items.length}`, x + nx * 24 + 4, y + ny * 24 + 4); }
+  }
+  // where a failure stopped a transfer: a red mark at the point it reached
+  for (const i of anim.active) if (anim.cut[i] < Infinity && simNow >= anim.cut[i] && anim.cut[i] > t.start[i]) {
+    const [x, y] = pointOnPath(t.path[i], (anim.cut[i] - t.start[i]) / Math.max(t.done[i] - t.start[i], 1e-15));
+    drawPacket(g, i, x, y, true);
   }
 }
 
-function drawFailure() {
+// Each worker's buffer: its chunks side by side, each filling in its chunk's colour as inputs arrive.
+function cellGeometry(node) {
+  const k = anim.k, many = data.workers > 16;
+  if (many) return null;
+  const w = Math.max(3, Math.min(16, Math.min(120, V.w * 0.16) / k)), h = 14;
+  const nd = data.placement[node], x0 = geom.x[nd] - (w * k) / 2, y0 = geom.y[nd] + geom.r[nd] + 4;
+  return { x0, y0, w, h };
+}
+
+function drawBuffers(g) {
+  const k = anim.k, est = data.estimate, refused = est && est.refused;
+  for (let s = 0; s < anim.nodes; s++) {
+    const box = cellGeometry(s);
+    const nd = data.placement[s];
+    if (!box) {                                 // many workers: one progress ring per worker
+      let sum = 0;
+      for (let c = 0; c < k; c++) sum += cellFill(s, c);
+      const f = sum / k;
+      g.strokeStyle = refused && f >= 1 ? FAIL_COLOR : f >= 1 ? "#4ade80" : "#94a3b8"; g.lineWidth = 2.5;
+      g.beginPath(); g.arc(geom.x[nd], geom.y[nd], geom.r[nd] + 3, -Math.PI / 2, -Math.PI / 2 + 2 * Math.PI * f); g.stroke();
+      continue;
+    }
+    const { x0, y0, w, h } = box;
+    for (let c = 0; c < k; c++) {
+      const f = cellFill(s, c), x = x0 + c * w;
+      g.fillStyle = "#1e293b"; g.fillRect(x, y0, w - 1, h);
+      if (f > 0) {
+        g.fillStyle = est ? (f >= 1 ? (refused ? FAIL_COLOR : chunkColor(c, k)) : CODED_COLOR) : chunkColor(c, k, f >= 1 ? 55 : 40);
+        g.fillRect(x, y0 + h * (1 - f), w - 1, h * f);
+      }
+      if (f >= 1 && !refused) { g.strokeStyle = DONE_RING; g.lineWidth = 1; g.strokeRect(x + 0.5, y0 + 0.5, w - 2, h - 1); }
+    }
+    if (k <= 8 && w >= 12) {
+      font(g, 11); g.fillStyle = "#cbd5e1";
+      for (let c = 0; c < k; c++) g.fillText(String(c), x0 + c * w + w / 2 - 3, y0 + h + 12);
+    }
+    if (refused && simNow >= data.time_s) { font(g, 11, "bold"); g.fillStyle = FAIL_COLOR; g.fillText("refused", x0, y0 + h + 24); }
+  }
+}
+
+function drawFailure(g) {
   if (!data.failure) return;
-  const nodes = data.topology.nodes;
-  ctx.font = "bold 11px sans-serif";
   for (const s of data.failure.stopped) {
     if (s.at_s > simNow) continue;
-    const nd = nodes[data.placement[s.node]];
-    ctx.fillStyle = "#ef4444";
+    const nd = data.placement[s.node], x = geom.x[nd], y = geom.y[nd];
+    g.fillStyle = FAIL_COLOR; g.strokeStyle = FAIL_COLOR;
     if (s.node === data.failure.device) {
-      ctx.strokeStyle = "#ef4444"; ctx.lineWidth = 3; ctx.beginPath();
-      ctx.moveTo(px(nd) - 12, py(nd) - 12); ctx.lineTo(px(nd) + 12, py(nd) + 12);
-      ctx.moveTo(px(nd) + 12, py(nd) - 12); ctx.lineTo(px(nd) - 12, py(nd) + 12); ctx.stroke();
-      ctx.fillText("failed", px(nd) + 13, py(nd) + 4);
+      g.lineWidth = 3; g.beginPath();
+      g.moveTo(x - 12, y - 12); g.lineTo(x + 12, y + 12); g.moveTo(x + 12, y - 12); g.lineTo(x - 12, y + 12); g.stroke();
+      font(g, 12, "bold"); g.fillText("failed", x + 14, y + 4);
+      // a pulse: the failed device stays visibly "alive" in the drawing even when nothing else moves
+      const phase = (performance.now() % 1200) / 1200;
+      g.globalAlpha = 1 - phase; g.lineWidth = 2; g.beginPath(); g.arc(x, y, 14 + 14 * phase, 0, 2 * Math.PI); g.stroke();
+      g.globalAlpha = 1;
     } else if (data.workers <= 16) {
-      ctx.fillText("PeerError", px(nd) + 13, py(nd) + 4);
+      font(g, 11, "bold"); g.fillText("PeerError", x + 14, y + 4);
     } else {
-      ctx.beginPath(); ctx.arc(px(nd), py(nd), 4, 0, 2 * Math.PI); ctx.fill();
+      g.lineWidth = 2; g.beginPath(); g.arc(x, y, geom.r[nd] + 6, 0, 2 * Math.PI); g.stroke();
     }
   }
 }
 
+function drawHover(g) {
+  if (hover === null) return;
+  const nd = data.placement[hover], x = geom.x[nd], y = geom.y[nd], k = anim.k;
+  const lines = [`${data.topology.nodes[nd].name} (worker ${hover})`];
+  let complete = 0;
+  for (let c = 0; c < k; c++) if (cellFill(hover, c) >= 1) complete++;
+  lines.push(`${complete} of ${k} chunks hold the full sum`);
+  const stop = data.failure && data.failure.stopped.find((s) => s.node === hover && s.at_s <= simNow);
+  if (stop) lines.push(stop.message);
+  font(g, 12);
+  const bw = Math.max(...lines.map((l) => g.measureText(l).width)) + 12, bh = 16 * lines.length + 8 + 18;
+  const bx = Math.min(x + 12, V.w - bw - 4), by = Math.min(y + 12, V.h - bh - 4);
+  g.fillStyle = "rgba(15,23,42,0.95)"; g.fillRect(bx, by, bw, bh);
+  g.fillStyle = "#e2e8f0"; lines.forEach((l, j) => g.fillText(l, bx + 6, by + 16 + 16 * j));
+  const cw = (bw - 12) / k;
+  for (let c = 0; c < k; c++) {
+    const f = cellFill(hover, c);
+    g.fillStyle = "#1e293b"; g.fillRect(bx + 6 + c * cw, by + bh - 18, Math.max(cw - 0.5, 0.5), 12);
+    g.fillStyle = chunkColor(c, k); g.fillRect(bx + 6 + c * cw, by + bh - 18 + 12 * (1 - f), Math.max(cw - 0.5, 0.5), 12 * f);
+  }
+}
+
+// ---- the timeline (a Gantt strip: one row per sender) ------------------------------------------
+const timeline = $("timeline");
+let T = null, timelineLayer = document.createElement("canvas");
+const GUTTER = 64;
+
+function drawTimeline() {
+  const rows = data.workers + (data.placement.length > data.workers ? 1 : 0);
+  const rowH = Math.max(3, Math.min(14, 220 / rows));
+  T = fit(timeline, Math.round(rows * rowH + 24));
+  T.rowH = rowH; T.rows = rows;
+  timelineLayer.width = timeline.width; timelineLayer.height = timeline.height;
+  const g = timelineLayer.getContext("2d"), t = data.transfers, k = anim.k;
+  g.setTransform(T.dpr, 0, 0, T.dpr, 0, 0);
+  const X = (s) => GUTTER + (s / Math.max(data.time_s, 1e-15)) * (T.w - GUTTER - 8);
+  font(g, 11); g.fillStyle = "#94a3b8";
+  const every = Math.ceil(12 / rowH);
+  for (let r = 0; r < rows; r += every)
+    g.fillText(r < data.workers ? data.topology.nodes[data.placement[r]].name : "helper", 4, 12 + r * rowH + rowH / 2 - 2);
+  for (let i = 0; i < t.src.length; i++) {
+    const row = Math.min(t.src[i], rows - 1), x0 = X(t.start[i]), x1 = X(Math.min(t.done[i], anim.cut[i]));
+    if (!(x1 > x0)) continue;
+    g.fillStyle = t.op[i] === CODED ? CODED_COLOR : chunkColor(anim.span[2 * i], k, t.op[i] === REDUCE ? 50 : 65);
+    g.fillRect(x0, 12 + row * rowH + 0.5, Math.max(x1 - x0 - 0.5, 0.8), Math.max(rowH - 1, 1));
+  }
+  if (data.failure) {
+    g.fillStyle = FAIL_COLOR; const x = X(data.failure.at_s);
+    g.fillRect(x - 1, 8, 2, rows * rowH + 4); font(g, 11, "bold"); g.fillText("failure", Math.min(x + 3, T.w - 48), 10);
+  }
+  T.X = X;
+}
+
+function drawCursor() {
+  const g = T.g;
+  g.clearRect(0, 0, T.w, T.h);
+  g.drawImage(timelineLayer, 0, 0, T.w, T.h);
+  const x = T.X(Math.min(simNow, data.time_s));
+  g.fillStyle = "#f8fafc"; g.fillRect(x - 1, 4, 2, T.h - 8);
+}
+
+// ---- narration and panels ----------------------------------------------------------------------
+function currentStep() {
+  // the earliest round still moving data; before the first start, the first; after the end, the last
+  let best = -1;
+  for (const i of anim.active) {
+    if (simNow > Math.min(data.transfers.done[i], anim.cut[i])) continue;
+    const j = anim.roundIndex.get(data.transfers.round[i]);
+    if (best < 0 || j < best) best = j;
+  }
+  if (best >= 0) return best;
+  let last = 0;
+  for (let j = 0; j < anim.roundStart.length; j++) if (anim.roundStart[j] <= simNow) last = j;
+  return last;
+}
+
+function updateNarration() {
+  const j = currentStep();
+  if (j === anim.current) return;
+  anim.current = j;
+  const step = data.narration[j];
+  if (!step) return;
+  $("narration").textContent = step.text;
+  $("narration-detail").textContent = step.transfers;
+  const items = $("steps").children;
+  for (let q = 0; q < items.length; q++) items[q].className = q === j ? "now" : q < j ? "done" : "";
+  const li = items[j];
+  if (li) { const box = $("steps"); box.scrollTop = Math.max(0, li.offsetTop - box.offsetTop - box.clientHeight / 3); }
+  stats.narrated = step.text;
+}
+
+function renderPanels() {
+  const d = data, nodes = d.topology.nodes;
+  const util = d.topology.links.map((l) => (d.time_s > 0 ? l.busy_s / d.time_s : 0));
+  const b = util.indexOf(Math.max(...util)), busiest = d.topology.links[b];
+  const rows = [["simulated time", fmtTime(d.time_s)], ["bus bandwidth", d.busbw_GBps.toPrecision(3) + " GB/s"],
+    ["rounds", d.rounds], ["transfers", d.transfers.src.length],
+    ["busiest link", busiest && busiest.bytes ? `${nodes[busiest.a].name}–${nodes[busiest.b].name}: ${fmtBytes(busiest.bytes)}, busy ${Math.round(util[b] * 100)}% of the time` : "-"]];
+  if (d.estimate) {
+    const e = d.estimate;
+    rows.push(["CERAR error", `<span class="${e.refused ? "bad" : "good"}">${e.error.toPrecision(3)} ${e.refused ? "&gt;" : "≤"} ${e.limit} — ${e.refused ? "gradsync refuses this design" : "accepted"}</span>`]);
+  }
+  if (d.failure) rows.push(["failure", `rank ${d.failure.device} at ${fmtTime(d.failure.at_s)}; ${d.failure.stopped.length - 1} peers report it`]);
+  $("numbers").innerHTML = rows.map(([key, v]) => `<dt>${key}</dt><dd>${v}</dd>`).join("");
+  $("explain-title").textContent = `How ${d.algorithm} works`;
+  $("explanation").textContent = (d.summary ? d.summary + ".\n" : "") + (d.explanation || "");
+  const steps = $("steps");
+  steps.innerHTML = "";
+  const frag = document.createDocumentFragment();
+  d.narration.forEach((s, j) => {
+    const li = document.createElement("li"); li.textContent = s.text;
+    li.onclick = () => { playing = false; $("play").textContent = "play"; advanceTo(anim.roundStart[j] + 1e-15 * d.time_s); };
+    frag.appendChild(li);
+  });
+  steps.appendChild(frag);
+  anim.current = -1;
+  // failure and recovery
+  $("failure-box").hidden = !d.failure;
+  if (d.failure) {
+    // one line per moment: who dies, then who stops then (grouped: at 64 workers most stop together)
+    const f = d.failure, name = (s) => nodes[d.placement[s.node]].name, groups = new Map();
+    for (const s of [...f.stopped].sort((a, b2) => a.at_s - b2.at_s || a.node - b2.node)) {
+      const key = s.node === f.device ? "dead" : String(s.at_s);
+      if (!groups.has(key)) groups.set(key, { at: s.at_s, dead: s.node === f.device, names: [] });
+      groups.get(key).names.push(name(s));
+    }
+    const list = (ns) => ns.length <= 6 ? ns.join(", ") : ns.slice(0, 5).join(", ") + ` and ${ns.length - 5} more`;
+    $("failure-events").innerHTML = [...groups.values()].sort((a, b2) => a.at - b2.at || b2.dead - a.dead).map((g) =>
+      `<li data-at="${g.at}">${fmtTime(g.at)}: ${g.dead ? `${g.names[0]} dies` :
+        `${list(g.names)} ${g.names.length > 1 ? "stop" : "stops"} waiting and raise${g.names.length > 1 ? "" : "s"} ` +
+        `PeerError: rank ${f.device} failed (a peer of theirs stopped answering)`}</li>`).join("");
+    const r = f.recovery;
+    $("recovery").textContent = r && r.time_s ? `Then every survivor has the error, none hangs. An elastic restart re-forms the group with the ` +
+      `${r.workers} survivors (a new rendezvous, seconds) and runs the collective again: ${fmtTime(r.time_s)} for ${r.workers} workers.` :
+      `Recovery: ${r ? r.note : ""}`;
+    $("recover").hidden = !(r && r.time_s);
+  }
+}
+
+function updateFailureEvents() {
+  if (!data.failure) return;
+  for (const li of $("failure-events").children) li.className = Number(li.dataset.at) <= simNow ? "" : "later";
+}
+
+// ---- the frame loop ----------------------------------------------------------------------------
 function frame(ts) {
+  requestAnimationFrame(frame);                       // first: nothing below can end the loop
   if (lastFrame !== null) {
     const dt = ts - lastFrame;
     stats.fps = stats.fps ? 0.9 * stats.fps + 0.1 * (1000 / Math.max(dt, 1)) : 1000 / Math.max(dt, 1);
     if (data && playing) {
       const rate = data.time_s / (PLAY_SECONDS * 1000) * Math.pow(10, speedExp);
       let next = simNow + dt * rate;
-      if (next > data.time_s * 1.08) next = 0;           // loop, with a short pause at the end
+      if (next > data.time_s * 1.15) next = 0;           // loop, with a short pause at the end
       advanceTo(next);
     }
   }
   lastFrame = ts;
   stats.frames++;
-  if (data) {
-    ctx.clearRect(0, 0, W, H);
-    ctx.drawImage(staticLayer, 0, 0);
-    const t = data.transfers;
-    for (const i of anim.active) {
-      const end = Math.min(t.done[i], anim.cut[i]);
-      if (simNow > end) continue;
-      const f = Math.max(0, Math.min(1, (simNow - t.start[i]) / Math.max(t.done[i] - t.start[i], 1e-15)));
-      const [x, y] = pointOnPath(t.path[i], f);
-      ctx.fillStyle = anim.cut[i] < Infinity && simNow >= anim.cut[i] ? "#ef4444" : COLORS[t.op[i]];
-      ctx.beginPath(); ctx.arc(x, y, 4, 0, 2 * Math.PI); ctx.fill();
-    }
-    for (const i of anim.active) if (anim.cut[i] < Infinity && simNow >= anim.cut[i]) {
-      const [x, y] = pointOnPath(t.path[i], Math.min(1, (anim.cut[i] - t.start[i]) / Math.max(t.done[i] - t.start[i], 1e-15)));
-      ctx.fillStyle = "#ef4444"; ctx.beginPath(); ctx.arc(x, y, 4, 0, 2 * Math.PI); ctx.fill();
-    }
-    drawBuffers();
-    drawFailure();
-    $("now").textContent = fmtTime(Math.min(simNow, data.time_s));
-    if (pendingSince !== null && stats.loadedAt >= pendingSince) {
-      stats.updateMs = performance.now() - pendingSince;
-      pendingSince = null;
-    }
+  render();
+}
+
+function render() {
+  if (!data || !V) return;
+  const g = V.g;
+  g.clearRect(0, 0, V.w, V.h);
+  g.drawImage(staticLayer, 0, 0, V.w, V.h);
+  drawPackets(g);
+  drawBuffers(g);
+  drawFailure(g);
+  drawHover(g);
+  drawCursor();
+  updateNarration();
+  updateFailureEvents();
+  $("now").textContent = fmtTime(Math.min(simNow, data.time_s));
+  if (!scrubbing) $("scrub").value = String(data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0);
+  if (pendingSince !== null && stats.loadedAt >= pendingSince) {
+    stats.updateMs = performance.now() - pendingSince;
+    pendingSince = null;
   }
-  requestAnimationFrame(frame);
 }
 
-function renderNumbers() {
-  const d = data, busiest = d.topology.links.reduce((a, l) => (l.bytes > a.bytes ? l : a), { bytes: 0 });
-  const nodes = d.topology.nodes;
-  const rows = [["simulated time", fmtTime(d.time_s)], ["bus bandwidth", d.busbw_GBps.toPrecision(3) + " GB/s"],
-    ["rounds", d.rounds], ["transfers", d.transfers.src.length],
-    ["busiest link", busiest.bytes ? `${nodes[busiest.a].name}–${nodes[busiest.b].name}: ${fmtBytes(busiest.bytes)}` : "-"]];
-  if (d.error !== null) rows.push(["CERAR predicted error", d.error.toPrecision(3)]);
-  if (d.failure) rows.push(["failure", `rank ${d.failure.device} at ${fmtTime(d.failure.at_s)}; ` +
-    `${d.failure.stopped.length - 1} peers report it`]);
-  $("numbers").innerHTML = rows.map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
+// ---- the comparison chart ----------------------------------------------------------------------
+const MARKERS = ["circle", "square", "triangle", "diamond", "cross", "plus", "star", "circle"];
+const PALETTE = ["#f59e0b", "#22c55e", "#38bdf8", "#f472b6", "#a78bfa", "#facc15", "#fb7185", "#2dd4bf"];
+let chart = { seq: 0, controller: null, curves: {}, meta: null, hidden: new Set() };
+
+function marker(g, kind, x, y, r) {
+  g.beginPath();
+  if (kind === "circle") g.arc(x, y, r, 0, 2 * Math.PI);
+  else if (kind === "square") g.rect(x - r, y - r, 2 * r, 2 * r);
+  else if (kind === "triangle") { g.moveTo(x, y - r - 1); g.lineTo(x + r + 1, y + r); g.lineTo(x - r - 1, y + r); g.closePath(); }
+  else if (kind === "diamond") { g.moveTo(x, y - r - 1); g.lineTo(x + r + 1, y); g.lineTo(x, y + r + 1); g.lineTo(x - r - 1, y); g.closePath(); }
+  else if (kind === "star") { for (let j = 0; j < 10; j++) { const a = -Math.PI / 2 + j * Math.PI / 5, q = j % 2 ? r / 2 : r + 1; g.lineTo(x + q * Math.cos(a), y + q * Math.sin(a)); } g.closePath(); }
+  else {                                  // cross or plus: strokes
+    const [dx, dy] = kind === "cross" ? [r, r] : [r, 0];
+    g.moveTo(x - dx, y - dy); g.lineTo(x + dx, y + dy); g.moveTo(x - dy, y + dx); g.lineTo(x + dy, y - dx);
+    g.lineWidth = 2; g.stroke(); return;
+  }
+  g.fill();
 }
 
-// ---- comparison chart ----------------------------------------------------------------------
-async function drawChart() {
-  const r = await fetch("/api/compare?size=" + encodeURIComponent($("size").value.trim() || "160MB"));
-  if (!r.ok) return;
-  const c = await r.json(), cv = $("chart"), g = cv.getContext("2d");
-  const L = 70, R = 160, T = 20, B = 40, w = cv.width - L - R, h = cv.height - T - B;
-  const all = Object.values(c.curves).flatMap((v) => v.simulated_s.concat(v.closed_form_s)).filter((x) => x > 0);
-  const lo = Math.log10(Math.min(...all)), hi = Math.log10(Math.max(...all));
-  const X = (n) => L + (Math.log2(n) - 1) / (Math.log2(64) - 1) * w, Y = (s) => T + h - (Math.log10(s) - lo) / (hi - lo) * h;
-  g.clearRect(0, 0, cv.width, cv.height); g.font = "11px sans-serif"; g.fillStyle = "#94a3b8"; g.strokeStyle = "#334155";
-  for (const n of c.workers) { g.fillText(n, X(n) - 5, T + h + 15); }
-  for (let e = Math.ceil(lo); e <= hi; e++) { g.fillText(fmtTime(10 ** e), 5, Y(10 ** e) + 4); g.beginPath(); g.moveTo(L, Y(10 ** e)); g.lineTo(L + w, Y(10 ** e)); g.stroke(); }
-  g.fillText("workers", L + w / 2, cv.height - 5);
-  const palette = ["#f59e0b", "#22c55e", "#38bdf8", "#f472b6", "#a78bfa", "#facc15"];
-  Object.entries(c.curves).forEach(([name, v], k) => {
-    g.strokeStyle = palette[k % palette.length];
-    for (const [series, dash] of [[v.simulated_s, []], [v.closed_form_s, [5, 4]]]) {
-      g.setLineDash(dash); g.beginPath();
-      series.forEach((s, j) => { if (s > 0) (j ? g.lineTo(X(c.workers[j]), Y(s)) : g.moveTo(X(c.workers[j]), Y(s))); });
+function chartQuery(algorithm) {
+  const q = new URLSearchParams({ size: $("size").value.trim() || "160MB", topology: $("topology").value, algorithm });
+  for (const id of ["bandwidth", "latency", "components", "eps"]) if (filled(id)) q.set(id, $(id).value.trim());
+  return "api/compare?" + q.toString();
+}
+
+async function loadChart() {
+  const seq = ++chart.seq;
+  if (chart.controller) chart.controller.abort();               // stale requests are cancelled...
+  chart.controller = new AbortController();
+  const signal = chart.controller.signal, names = $("algorithm").options;
+  chart.curves = {}; chart.meta = null;
+  const list = [...names].map((o) => o.value);
+  $("chart-status").textContent = `computing 0 of ${list.length}…`;
+  drawChart();
+  let done = 0;
+  for (const name of list) {                                    // one bounded request per algorithm
+    try {
+      stats.chartRequests++;
+      const r = await fetch(chartQuery(name), { signal });
+      const c = await r.json();
+      if (seq !== chart.seq) return;                            // ...and one that still lands is ignored
+      if (!r.ok) { $("chart-status").textContent = c.detail || "chart unavailable"; continue; }
+      chart.meta = c; chart.curves[name] = c.curves[name];
+      stats.chartApplied++;
+      stats.chart = { bytes: c.bytes, topology: c.topology, curves: chart.curves, workers: c.workers, seed_marks: c.seed_marks };
+    } catch (e) {
+      if (e.name === "AbortError" || seq !== chart.seq) return;
+    }
+    done++;
+    $("chart-status").textContent = done < list.length ? `computing ${done} of ${list.length}…` : "";
+    drawChart();
+  }
+}
+
+function markChart() { if (chart.meta) drawChart(); }
+
+function drawChart() {
+  const cv = $("chart"), { g, w, h } = fit(cv, undefined);
+  const c = chart.meta, names = [...$("algorithm").options].map((o) => o.value);
+  $("chart-where").textContent = c ? `(${c.topology}, ${fmtBytes(c.bytes)})` : "";
+  legend(names);
+  if (!c) { font(g, 13); g.fillStyle = "#94a3b8"; g.fillText("computing…", w / 2 - 30, h / 2); return; }
+  const L = 64, R = 12, Tp = 12, B = 34, pw = w - L - R, ph = h - Tp - B;
+  const all = Object.entries(chart.curves).filter(([n]) => !chart.hidden.has(n))
+    .flatMap(([, v]) => v.simulated_s.concat(v.closed_form_s)).filter((x) => x > 0);
+  if (!all.length) return;
+  let lo = Math.log10(Math.min(...all)), hi = Math.log10(Math.max(...all));
+  if (hi - lo < 0.5) { lo -= 0.25; hi += 0.25; }
+  const ws = c.workers, wl = Math.log2(ws[0]), wh = Math.log2(ws[ws.length - 1]);
+  const X = (n) => L + (Math.log2(n) - wl) / Math.max(wh - wl, 1e-9) * pw, Y = (s) => Tp + ph - (Math.log10(s) - lo) / (hi - lo) * ph;
+  font(g, 11); g.fillStyle = "#94a3b8"; g.strokeStyle = "#1e293b"; g.lineWidth = 1;
+  for (const n of ws) g.fillText(n, X(n) - 5, Tp + ph + 15);
+  for (let e = Math.ceil(lo); e <= hi; e++) { g.fillText(fmtTime(10 ** e), 2, Y(10 ** e) + 4); g.beginPath(); g.moveTo(L, Y(10 ** e)); g.lineTo(L + pw, Y(10 ** e)); g.stroke(); }
+  g.fillText("workers", L + pw / 2 - 20, h - 4);
+  // the configuration being animated
+  const nowN = data ? data.workers : null;
+  if (nowN && nowN >= ws[0] && nowN <= ws[ws.length - 1]) {
+    g.strokeStyle = "#64748b"; g.setLineDash([3, 4]); g.beginPath(); g.moveTo(X(nowN), Tp); g.lineTo(X(nowN), Tp + ph); g.stroke(); g.setLineDash([]);
+  }
+  names.forEach((name, k) => {
+    const v = chart.curves[name];
+    if (!v || chart.hidden.has(name)) return;
+    const color = PALETTE[k % PALETTE.length];
+    g.strokeStyle = color; g.fillStyle = color;
+    for (const [series, dash, width] of [[v.closed_form_s, [6, 5], 1.2], [v.simulated_s, [], 2]]) {
+      g.setLineDash(dash); g.lineWidth = width; g.beginPath(); let open = false;
+      series.forEach((s, j) => { if (s > 0) { open ? g.lineTo(X(ws[j]), Y(s)) : g.moveTo(X(ws[j]), Y(s)); open = true; } else open = false; });
       g.stroke();
     }
-    g.setLineDash([]); g.fillStyle = g.strokeStyle; g.fillText(name, L + w + 10, T + 15 + 16 * k);
+    g.setLineDash([]);
+    v.simulated_s.forEach((s, j) => { if (s > 0) marker(g, MARKERS[k % MARKERS.length], X(ws[j]), Y(s), 3.5); });
   });
-  g.fillStyle = "#f8fafc";
-  for (const m of c.seed_marks) {
+  for (const m of c.seed_marks || []) {
     const x = X(m.workers), y = Y(m.time_s);
-    g.beginPath(); g.moveTo(x, y - 6); g.lineTo(x + 6, y); g.lineTo(x, y + 6); g.lineTo(x - 6, y); g.fill();
-    g.fillText(`seed: ${m.algorithm} ${fmtTime(m.time_s)}`, x + 8, y - 6);
+    g.strokeStyle = "#f8fafc"; g.lineWidth = 1.5; g.beginPath(); g.rect(x - 5, y - 5, 10, 10); g.stroke();
+    font(g, 11); g.fillStyle = "#f8fafc"; g.fillText(`D2L ${m.algorithm} ${fmtTime(m.time_s)}`, x + 8, y - 6);
   }
-  window.gradsyncStats.chart = c;
+  if (data && chart.curves[data.algorithm]) {
+    const j = ws.indexOf(data.workers), s = j >= 0 ? chart.curves[data.algorithm].simulated_s[j] : null;
+    const y = s > 0 ? Y(s) : data.time_s > 0 && data.time_s >= 10 ** lo && data.time_s <= 10 ** hi ? Y(data.time_s) : null;
+    if (y !== null) {
+      g.strokeStyle = "#f8fafc"; g.lineWidth = 2; g.beginPath(); g.arc(X(data.workers), y, 9, 0, 2 * Math.PI); g.stroke();
+      font(g, 11, "bold"); g.fillStyle = "#f8fafc"; g.fillText("animated", Math.min(X(data.workers) + 12, w - 60), y + 16);
+      stats.chartMark = { algorithm: data.algorithm, workers: data.workers };
+    }
+  }
 }
 
-// ---- controls ------------------------------------------------------------------------------
+function legend(names) {
+  const ul = $("chart-legend");
+  ul.innerHTML = names.map((name, k) => {
+    const color = PALETTE[k % PALETTE.length], exact = chart.curves[name] ? chart.curves[name].exact !== false : true;
+    return `<li data-name="${name}" class="${chart.hidden.has(name) ? "off" : ""}"><svg width="26" height="12"><line x1="0" y1="6" x2="26" y2="6" stroke="${color}" stroke-width="2"/>` +
+      `<text x="9" y="10" fill="${color}" font-size="11">${["●", "■", "▲", "◆", "✕", "+", "★", "●"][k % 8]}</text></svg>${name}${exact ? "" : " (approximate)"}</li>`;
+  }).join("");
+  for (const li of ul.children) li.onclick = () => { const n = li.dataset.name; chart.hidden.has(n) ? chart.hidden.delete(n) : chart.hidden.add(n); drawChart(); };
+}
+
+// ---- controls ----------------------------------------------------------------------------------
+let scrubbing = false;
+function pause() { playing = false; $("play").textContent = "play"; }
+function stepForward() {
+  pause();
+  const t = data.transfers, times = [];
+  if (anim.startPtr < anim.byStart.length) times.push(t.start[anim.byStart[anim.startPtr]]);
+  if (anim.donePtr < anim.byDone.length) times.push(t.done[anim.byDone[anim.donePtr]]);
+  advanceTo(times.length ? Math.max(simNow, Math.min(...times)) : data.time_s);
+}
+function stepBack() {
+  pause();
+  const t = data.transfers; let best = 0;
+  for (let i = 0; i < t.src.length; i++) for (const e of [t.start[i], t.done[i]]) if (e < simNow - 1e-15 * data.time_s && e > best) best = e;
+  advanceTo(best);
+}
+function seekFraction(f) { advanceTo(Math.max(0, Math.min(1, f)) * data.time_s); }
+
+function syncWorkersField() {
+  const fixed = fixedWorkers[$("topology").value], field = $("workers");
+  if (fixed) {
+    field.max = String(fixed);
+    if (Number(field.value) > fixed) field.value = String(fixed);
+    $("workers-note").textContent = `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
+  } else { field.max = "64"; $("workers-note").textContent = ""; }
+}
+
+function legendHtml() {
+  $("legend").innerHTML = `<span><i style="background:linear-gradient(90deg,${[0, 1, 2, 3, 4, 5].map((c) => chunkColor(c, 6)).join(",")})"></i>` +
+    `chunk colours (chunk i starts in colour i)</span><span><i style="background:${CODED_COLOR};transform:rotate(45deg)"></i>coded packet</span>` +
+    `<span><i style="background:${FAIL_COLOR}"></i>stopped by a failure</span><span><i style="border:1px solid ${DONE_RING}"></i>chunk holds the full sum</span>` +
+    `<span><i style="background:#fbbf24"></i>busiest link</span>`;
+}
+
 async function init() {
-  const presets = await (await fetch("/api/presets")).json();
+  legendHtml();
+  const presets = await (await fetch("api/presets")).json();
+  fixedWorkers = presets.fixed_workers || {};
   $("algorithm").innerHTML = presets.algorithms.map((a) => `<option>${a}</option>`).join("");
   $("topology").innerHTML = presets.topologies.map((a) => `<option>${a}</option>`).join("");
   $("algorithm").value = "ring";
+  const chartInputs = new Set(["topology", "size", "bandwidth", "latency", "components", "eps"]);
   for (const id of ["algorithm", "topology", "workers", "size", "bandwidth", "latency", "components", "eps"])
-    $(id).addEventListener("change", () => { if (id === "size") drawChart(); refresh(); });
+    $(id).addEventListener("change", () => {
+      if (id === "topology") syncWorkersField();
+      if (id === "workers") { const m = Number($("workers").max); if (Number($("workers").value) > m) $("workers").value = String(m); }
+      if (chartInputs.has(id)) loadChart();
+      refresh();
+    });
   $("play").onclick = () => { playing = !playing; $("play").textContent = playing ? "pause" : "play"; };
   $("restart").onclick = () => advanceTo(0);
-  $("step").onclick = () => {                          // to the next start or completion, then pause
-    playing = false; $("play").textContent = "play";
-    const t = data.transfers, times = [];
-    if (anim.startPtr < anim.byStart.length) times.push(t.start[anim.byStart[anim.startPtr]]);
-    if (anim.donePtr < anim.byDone.length) times.push(t.done[anim.byDone[anim.donePtr]]);
-    advanceTo(times.length ? Math.max(simNow, Math.min(...times)) : data.time_s);
-  };
+  $("step").onclick = stepForward;
+  $("back").onclick = stepBack;
   $("speed").oninput = (e) => { speedExp = Number(e.target.value); };
+  $("scrub").addEventListener("input", (e) => { scrubbing = true; pause(); seekFraction(Number(e.target.value)); });
+  $("scrub").addEventListener("change", () => { scrubbing = false; });
+  const drag = (e) => { if (!T || !data) return; const r = timeline.getBoundingClientRect(); pause();
+    seekFraction((e.clientX - r.left - GUTTER) / (r.width - GUTTER - 8)); };
+  timeline.addEventListener("pointerdown", (e) => { timeline.setPointerCapture(e.pointerId); drag(e); });
+  timeline.addEventListener("pointermove", (e) => { if (e.buttons) drag(e); });
+  view.addEventListener("pointermove", (e) => {
+    if (!data || !geom) return;
+    const r = view.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+    let best = null, bd = 18 * 18;
+    for (let s = 0; s < data.workers; s++) { const nd = data.placement[s], d = (geom.x[nd] - x) ** 2 + (geom.y[nd] - y) ** 2; if (d < bd) { bd = d; best = s; } }
+    hover = best;
+  });
+  view.addEventListener("pointerleave", () => { hover = null; });
   $("fail").onclick = () => { failure = { device: Number($("fail-device").value), at: Number($("fail-at").value) }; refresh(); };
   $("heal").onclick = () => { failure = null; refresh(); };
+  $("recover").onclick = () => {
+    if (!data || !data.failure || !data.failure.recovery) return;
+    $("workers").value = String(data.failure.recovery.workers); failure = null; refresh();
+  };
+  document.addEventListener("keydown", (e) => {
+    if (e.target.closest && e.target.closest("input, select, textarea") || e.ctrlKey || e.metaKey || e.altKey || !data) return;
+    const keys = { " ": () => $("play").click(), ArrowRight: stepForward, ArrowLeft: stepBack, Home: () => advanceTo(0),
+                   f: () => $("fail").click(), h: () => $("heal").click() };
+    if (keys[e.key]) { e.preventDefault(); keys[e.key](); }
+  });
+  let resizeTimer = null;
+  new ResizeObserver(() => { clearTimeout(resizeTimer); resizeTimer = setTimeout(() => { if (data) { layoutView(); drawTimeline(); } drawChart(); }, 60); }).observe(document.body);
   requestAnimationFrame(frame);
+  syncWorkersField();
   await refresh();
-  drawChart();
+  loadChart();
 }
+
+// For tests and for people poking at the page from the console.
+window.gradsyncView = {
+  seek: (t) => { pause(); advanceTo(t); render(); },
+  state: () => ({ now: simNow, cells: data.cells, workers: data.workers, counts: anim.state.map((a) => Array.from(a)),
+                  coded: Array.from(anim.coded), fills: anim.state.map((_, s) => Array.from({ length: anim.k }, (_, c) => cellFill(s, c))) }),
+  cellBox: (node, c) => { const b = cellGeometry(node); return b && { x: b.x0 + c * b.w, y: b.y0, w: b.w - 1, h: b.h }; },
+  // the colour drawn at a point of the view (CSS pixels), after drawing the current state
+  pixel: (x, y) => { render(); return Array.from(V.g.getImageData(Math.round(x * V.dpr), Math.round(y * V.dpr), 1, 1).data); },
+  step: () => currentStep(),
+};
 init();
