@@ -1,56 +1,110 @@
-"""The live view's speed in headless Chromium: frames per second while animating 64 workers,
-and the time from a parameter change to the first frame drawn with the new data.
+"""The live view's speed in headless Chromium, and its screenshots.
 
-Usage: python benchmarks/web_view.py  (needs Debian's chromium; starts its own server)
+Measures, against a local `gradsync serve` it starts:
+- frames per second while animating 64 workers with the narration and the timeline drawn;
+- the time from a parameter change to the first frame drawn with the new simulation (request,
+  simulation, JSON, parse, drawing), per algorithm at N = 4, 8, 16, 32, 64, 17;
+- the time from navigation to the first frame of a collective (first load, cold server caches).
+
+With --screenshots DIR it also saves each algorithm at mid-run (8 workers, PCIe/NVLink
+presets where they tell most) as DIR/web-<algorithm>.png.
+
+Usage: python benchmarks/web_view.py [--screenshots docs/figures]
 Targets: >= 30 frames per second at 64 workers; updates within 200 ms for N <= 64.
 """
 
+import argparse
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+ALGORITHMS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "cerar")
+SHOTS = {"central": "pcie-switch-4", "host": "pcie-switch-4", "sharded": "pcie-switch-4", "ring": "ring",
+         "tree": "ring", "halving_doubling": "p3.16xlarge", "cerar": "ring"}
 
-def main():
+
+def _server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "gradsync", "serve", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(3)
+    proc = subprocess.Popen([sys.executable, "-m", "gradsync", "serve", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"http://127.0.0.1:{port}/"
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("gradsync serve did not start")
+
+
+def _change(page, **controls):
+    before = page.evaluate("window.gradsyncStats.loadedAt")
+    for key, value in controls.items():
+        if key in ("algorithm", "topology"):
+            page.select_option(f"#{key}", value)
+        else:
+            page.fill(f"#{key}", str(value))
+            page.dispatch_event(f"#{key}", "change")
+    page.wait_for_function(f"window.gradsyncStats.loadedAt > {before} && !window.gradsyncStats.pending")
+    page.wait_for_function("window.gradsyncStats.updateMs !== null")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--screenshots", type=Path, help="save each algorithm at mid-run here")
+    args = parser.parse_args()
+    server, url = _server()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1300, "height": 1250})
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_function("window.gradsyncStats && window.gradsyncStats.timeS > 0")
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url)
+            page.wait_for_function("window.gradsyncStats && window.gradsyncStats.frames > 0 && window.gradsyncStats.timeS > 0")
+            first_frame = page.evaluate("window.gradsyncStats.loadedAt")      # ms since navigation start
+            first_wall = (time.perf_counter() - t0) * 1000
             updates = {}
-            for algorithm in ("ring", "tree", "sharded", "halving_doubling", "cerar"):
-                page.select_option("#algorithm", algorithm)
-                for n in (8, 16, 32, 64, 17, 64):
-                    page.fill("#workers", str(n))
-                    page.dispatch_event("#workers", "change")
-                    page.wait_for_function(f"window.gradsyncStats.drawnWorkers === {n} && "
-                                           f"document.querySelector('#summary').textContent.startsWith('{algorithm}')")
-                    page.wait_for_timeout(150)
-                    updates.setdefault(algorithm, []).append(page.evaluate("window.gradsyncStats.updateMs"))
-            page.select_option("#algorithm", "ring")
-            page.wait_for_timeout(500)
+            for algorithm in ALGORITHMS:
+                _change(page, algorithm=algorithm)
+                for n in (4, 8, 16, 32, 64, 17):
+                    page.evaluate("window.gradsyncStats.updateMs = null")
+                    _change(page, workers=n)
+                    updates.setdefault(algorithm, []).append((n, page.evaluate("window.gradsyncStats.updateMs")))
+            _change(page, algorithm="ring", workers=64)
+            page.wait_for_timeout(1000)
             start = page.evaluate("[window.gradsyncStats.frames, performance.now()]")
-            page.wait_for_timeout(3000)
-            end = page.evaluate("[window.gradsyncStats.frames, performance.now()]")
+            page.wait_for_timeout(4000)
+            end = page.evaluate("[window.gradsyncStats.frames, performance.now(), window.gradsyncStats.narrated]")
             fps = (end[0] - start[0]) / ((end[1] - start[1]) / 1000)
+            if args.screenshots:
+                args.screenshots.mkdir(parents=True, exist_ok=True)
+                page.set_viewport_size({"width": 1400, "height": 900})
+                for algorithm, topology in SHOTS.items():
+                    _change(page, topology=topology)
+                    _change(page, algorithm=algorithm, workers=8 if topology in ("ring", "p3.16xlarge") else 4)
+                    total = float(page.get_attribute("#total-time", "data-time-s"))
+                    page.evaluate(f"window.gradsyncView.seek({total * 0.45})")
+                    page.wait_for_timeout(300)
+                    page.screenshot(path=str(args.screenshots / f"web-{algorithm}.png"))
             browser.close()
     finally:
         server.terminate()
-    print(f"frames per second, 64 workers animating (ring): {fps:.1f}")
-    print("update time from a change to the first new frame, per algorithm (N = 8, 16, 32, 64, 17, 64):")
-    for algorithm, times in updates.items():
-        print(f"  {algorithm:<18} median {statistics.median(times):.0f} ms, max {max(times):.0f} ms: "
-              + ", ".join(f"{t:.0f}" for t in times))
+    print(f"first frame after load: {first_frame:.0f} ms after navigation ({first_wall:.0f} ms wall, cold server)")
+    print(f"frames per second, 64 workers animating (ring), narration and timeline drawn: {fps:.1f}")
+    print(f"  narration at the end of the measurement: {end[2]!r}")
+    print("update time from a change to the first new frame (N = 4, 8, 16, 32, 64, 17):")
+    worst = max((ms, a, n) for a, rows in updates.items() for n, ms in rows)
+    for algorithm, rows in updates.items():
+        times = [ms for _, ms in rows]
+        print(f"  {algorithm:<18} median {statistics.median(times):4.0f} ms, max {max(times):4.0f} ms: "
+              + ", ".join(f"{ms:.0f}" for ms in times))
+    print(f"worst case: {worst[0]:.0f} ms ({worst[1]}, N = {worst[2]})")
 
 
 if __name__ == "__main__":

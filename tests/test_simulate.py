@@ -1,4 +1,4 @@
-"""The simulator against the seed's figures, hand-worked max-min sharing, and the closed forms."""
+"""The simulator against D2L's figures, hand-worked max-min sharing, and the closed forms."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Topologies: presets as the seed describes them, files in three formats, clear errors."""
+"""Topologies: presets as D2L's "Parameter Servers" chapter describes them, files in three formats, clear errors."""
 
 import json
 import os

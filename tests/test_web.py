@@ -48,7 +48,7 @@ def test_failure_stops_the_failed_devices_peers(client):
 def test_compare_curve_passes_through_the_seed_figures(client):
     c = client.get("/api/compare?size=160MB").json()
     k = c["workers"].index(4)
-    for mark in c["seed_marks"]:
+    for mark in c["book_marks"]:
         assert c["curves"][mark["algorithm"]]["simulated_s"][k] == pytest.approx(mark["time_s"], rel=1e-3)
 
 

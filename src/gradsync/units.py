@@ -1,6 +1,6 @@
 """Parse and format sizes, bandwidths and durations.
 
-Decimal units as the seed's arithmetic uses them: 1 MB = 10**6 bytes, 1 GB/s = 10**9 bytes/s.
+Decimal units as D2L's arithmetic uses them: 1 MB = 10**6 bytes, 1 GB/s = 10**9 bytes/s.
 Binary units (KiB, MiB, GiB) and bits (Mbit, Gbit) are accepted too.
 """
 

@@ -1,5 +1,5 @@
 """Central aggregation: every worker sends its gradient to one primary worker, which sums
-and sends the sum back (the seed's single-GPU aggregation).
+and sends the sum back (D2L's single-GPU aggregation).
 
 Cost, n bytes, N workers: 2 alpha + 2 (N - 1) n beta + (N - 1) (n / itemsize) gamma; the
 primary's link carries everything, in then out. pcie-switch-4, 160 MB at 16 GB/s: 60 ms.

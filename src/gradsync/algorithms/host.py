@@ -1,5 +1,5 @@
 """Host aggregation: every worker sends its gradient to the host CPU, which sums and sends
-the sum back (the seed's CPU aggregation). The host is a helper node, not a worker.
+the sum back (D2L's CPU aggregation). The host is a helper node, not a worker.
 
 Cost: 2 alpha_h + 2 N n beta_h + N (n / itemsize) gamma_h, where _h are the worker <-> host
 route's parameters; the host's link carries all N gradients in and N sums out.

@@ -10,7 +10,7 @@ buffer is first split between rings in proportion to ``weights`` (their bandwidt
 
 Cost, one ring: 2 (N - 1) (alpha + n/N beta) + (N - 1)/N (n / itemsize) gamma. With rings of
 bandwidths B_k and weights proportional to B_k, beta becomes 1 / sum(B_k). For large N this
-tends to 2 n beta, the seed's 2 x 160 MB / (3 x 18 GB/s) on a p3.16xlarge.
+tends to 2 n beta, D2L's 2 x 160 MB / (3 x 18 GB/s) on a p3.16xlarge.
 """
 
 # For learners (the live view's panel): what, why, cost, when it wins.

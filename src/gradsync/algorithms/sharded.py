@@ -1,5 +1,5 @@
 """Sharded aggregation: worker j owns chunk j (1/N of the gradient). All workers send each
-chunk to its owner at once, owners sum, then send the summed chunk to everyone (the seed's
+chunk to its owner at once, owners sum, then send the summed chunk to everyone (D2L's
 distributed aggregation; a direct reduce-scatter plus all-gather).
 
 Cost: 2 alpha + 2 (N - 1)/N n beta + (N - 1)/N (n / itemsize) gamma, on a non-blocking switch

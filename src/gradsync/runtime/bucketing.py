@@ -1,4 +1,4 @@
-"""Fuse many small tensors into buckets before synchronizing them (the seed's "large burst
+"""Fuse many small tensors into buckets before synchronizing them (D2L's "large burst
 transfers"): one collective per bucket instead of one per tensor."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``push`` sums what every worker pushes for a key; the sum is formed where the strategy
 places it (one primary worker, the host, or each worker's shard) and, with an ``updater``,
-is applied there to the stored value (the seed's "key-value store with redefined update
+is applied there to the stored value (D2L's "key-value store with redefined update
 semantics"). ``pull`` returns the stored value to every worker. Underneath, push runs only
 the schedule's REDUCE transfers and pull only its COPY transfers: the owners of each segment
 are the nodes holding the complete sum after the REDUCE transfers.

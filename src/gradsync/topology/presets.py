@@ -1,6 +1,6 @@
 """Built-in topologies. Bandwidths per direction, decimal units (1 GB/s = 10**9 bytes/s).
 
-GPU presets leave reduction compute free (the seed's arithmetic counts links only); the
+GPU presets leave reduction compute free (D2L's arithmetic counts links only); the
 Ethernet presets give hosts a reduce rate so that encode/decode work shows in CERAR's cost.
 """
 
@@ -12,8 +12,8 @@ from ..errors import TopologyError
 from ..units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
 
-PCIE = 16e9            # the seed's PCIe 3.0 x16 figure
-NVLINK = 18e9          # the seed's V100 NVLink figure, per link and direction
+PCIE = 16e9            # D2L's PCIe 3.0 x16 figure
+NVLINK = 18e9          # D2L's V100 NVLink figure, per link and direction
 CPU_REDUCE_RATE = 2e9  # elements/s a host core sums (memory bound, float32)
 CPU_MADD_RATE = 2.5e10 # multiply-adds/s in CERAR's skinny products (measured: 2 cores, float32)
 
@@ -26,7 +26,7 @@ def _count(what: str, value, most: int) -> int:
 
 
 def pcie_switch(gpus: int = 4) -> Topology:
-    """The seed's 4-GPU server: GPUs and the CPU each on a 16 GB/s link to one PCIe switch."""
+    """D2L's 4-GPU server: GPUs and the CPU each on a 16 GB/s link to one PCIe switch."""
     gpus = _count("gpus", gpus, 64)
     nodes = [Node(f"gpu{i}", "gpu") for i in range(gpus)] + [Node("cpu", "cpu"), Node("switch", "switch")]
     links = [Link(n.name, "switch", PCIE, 1e-6) for n in nodes[:-1]]
@@ -47,7 +47,7 @@ def p3_16xlarge() -> Topology:
     """8 V100s in the hybrid cube-mesh: 6 NVLinks of 18 GB/s per GPU; PCIe to two CPUs.
 
     Two rings cover all NVLinks: one over the doubled links and one over the single links,
-    3 x 18 GB/s out of every GPU, the seed's figure.
+    3 x 18 GB/s out of every GPU, D2L's figure.
     """
     gpus = [Node(f"gpu{i}", "gpu") for i in range(8)]
     others = [Node("cpu0", "cpu"), Node("cpu1", "cpu")] + [Node(f"pcie{i}", "switch") for i in range(4)]

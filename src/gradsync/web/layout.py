@@ -62,7 +62,7 @@ def _cube_mesh(topo: Topology) -> dict[str, tuple[float, float]]:
 def _two_boards(topo: Topology) -> dict[str, tuple[float, float]]:
     """A 16-GPU NVSwitch server drawn as its two baseboards of 8 GPUs, the NVSwitch fabric
     between them and the PCIe tree to the CPU at the side."""
-    gpus = list(topo.workers)
+    gpus = [n.name for n in topo.nodes if n.kind == "gpu"]      # all of them, workers or not
     half = (len(gpus) + 1) // 2
     pos = dict(zip(gpus[:half], _row(half, 0.22, 0.16, 0.94)))
     pos.update(zip(gpus[half:], _row(len(gpus) - half, 0.78, 0.16, 0.94)))

@@ -29,7 +29,7 @@ TREE_SEGMENTS = 32            # the view's tree pipelines at most this many segm
 MAX_COMPONENTS_PER_WORKER = 3  # CERAR designs the view builds: c <= 3N (beyond, designs take seconds)
 BANDWIDTH_RANGE = (1e3, 1e13)  # bytes/s the view accepts: 1 KB/s to 10 TB/s
 LATENCY_RANGE = (0.0, 1.0)     # seconds
-SEED_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
+BOOK_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
 FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
 
 
@@ -268,13 +268,22 @@ def _comparison(size: int, topology: str, bandwidth, latency, components, eps, a
                 closed.append(None)
         curves[name] = {"simulated_s": sim, "closed_form_s": closed, "exact": algorithms.get(name).exact}
     seed = topology == "pcie-switch-4" and size == 160_000_000 and bandwidth is None and latency is None
-    marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in SEED_FIGURES.items()] if seed else []
+    marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in BOOK_FIGURES.items()] if seed else []
     where = ("pcie-switch-N: N GPUs and the CPU on links to one switch" if topology == "pcie-switch-4"
              else f"{topology}, 2 to {workers[-1]} workers")
-    return {"workers": list(workers), "bytes": size, "curves": curves, "seed_marks": marks, "topology": where}
+    return {"workers": list(workers), "bytes": size, "curves": curves, "book_marks": marks, "topology": where}
 
 
 def warm_up() -> None:
-    """Simulate the default view at common sizes, so first requests find routes cached."""
-    for workers in (8, 16, 32, 64):
-        simulation("ring", "ring", workers, 160_000_000)
+    """Compute what a first visit asks for, so it finds routes, designs and charts cached: the
+    default view, the default chart, and every algorithm at the common worker counts."""
+    simulation("ring", "ring", 8, 160_000_000)
+    for name in algorithms.names():
+        if algorithms.get(name).accepts("float32"):
+            comparison(160_000_000, algorithms_=(name,))
+    for workers in (16, 32, 64):
+        for name in algorithms.names():
+            try:
+                simulation(name, "ring", workers, 160_000_000)
+            except ConfigError:
+                pass

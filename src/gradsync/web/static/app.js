@@ -67,14 +67,17 @@ async function refresh() {
   try {
     const r = await fetch("api/simulate", { method: "POST", headers: { "content-type": "application/json" },
                                            body: JSON.stringify(params()), signal: simController.signal });
+    const fetched = performance.now();
     const body = await r.json();
     if (seq !== simSeq) return;                                   // a newer request owns the view
+    const parsed = performance.now();
     stats.pending = false;
     if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); pendingSince = null; return; }
     $("status").textContent = "";
     const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
     load(body);
     advanceTo(keep * body.time_s);                                // a change keeps the position
+    stats.timing = { fetch: fetched - pendingSince, parse: parsed - fetched, load: performance.now() - parsed };
   } catch (e) {
     if (e.name !== "AbortError" && seq === simSeq) { $("status").textContent = String(e); stats.pending = false; }
   }
@@ -210,7 +213,7 @@ function drawStatic() {
     font(g, 11); g.fillStyle = "#fbbf24";
     g.fillText(`busiest: ${Math.round(util[busiest] * 100)}% busy`, c.cx + 6, c.cy - 6);
   }
-  if (!many && links.length <= 40 && V.w >= 600) {
+  if (!many && links.length <= 24 && V.w >= 600) {
     font(g, 11); g.fillStyle = "#64748b";
     for (const l of links) { const c = geom.links.get(l.a + "," + l.b); g.fillText(fmtBytes(l.bandwidth) + "/s", c.cx + 4, c.cy + 14); }
   }
@@ -525,6 +528,7 @@ function render() {
   if (!scrubbing) $("scrub").value = String(data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0);
   if (pendingSince !== null && stats.loadedAt >= pendingSince) {
     stats.updateMs = performance.now() - pendingSince;
+    if (stats.timing) stats.timing.total = stats.updateMs;
     pendingSince = null;
   }
 }
@@ -574,7 +578,7 @@ async function loadChart() {
       if (!r.ok) { $("chart-status").textContent = c.detail || "chart unavailable"; continue; }
       chart.meta = c; chart.curves[name] = c.curves[name];
       stats.chartApplied++;
-      stats.chart = { bytes: c.bytes, topology: c.topology, curves: chart.curves, workers: c.workers, seed_marks: c.seed_marks };
+      stats.chart = { bytes: c.bytes, topology: c.topology, curves: chart.curves, workers: c.workers, book_marks: c.book_marks };
     } catch (e) {
       if (e.name === "AbortError" || seq !== chart.seq) return;
     }
@@ -622,7 +626,7 @@ function drawChart() {
     g.setLineDash([]);
     v.simulated_s.forEach((s, j) => { if (s > 0) marker(g, MARKERS[k % MARKERS.length], X(ws[j]), Y(s), 3.5); });
   });
-  for (const m of c.seed_marks || []) {
+  for (const m of c.book_marks || []) {
     const x = X(m.workers), y = Y(m.time_s);
     g.strokeStyle = "#f8fafc"; g.lineWidth = 1.5; g.beginPath(); g.rect(x - 5, y - 5, 10, 10); g.stroke();
     font(g, 11); g.fillStyle = "#f8fafc"; g.fillText(`D2L ${m.algorithm} ${fmtTime(m.time_s)}`, x + 8, y - 6);
@@ -670,7 +674,7 @@ function syncWorkersField() {
   const fixed = fixedWorkers[$("topology").value], field = $("workers");
   if (fixed) {
     field.max = String(fixed);
-    if (Number(field.value) > fixed) field.value = String(fixed);
+    field.value = String(fixed);                      // the whole machine; fewer can be chosen after
     $("workers-note").textContent = `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
   } else { field.max = "64"; $("workers-note").textContent = ""; }
 }
