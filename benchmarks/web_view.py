@@ -14,7 +14,10 @@ Targets: >= 30 frames per second at 64 workers; updates within 200 ms for N <= 6
 """
 
 import argparse
+import json
 import socket
+import urllib.error
+import urllib.request
 import statistics
 import subprocess
 import sys
@@ -55,6 +58,29 @@ def _change(page, **controls):
     page.wait_for_function("window.gradsyncStats.updateMs !== null")
 
 
+def _timed(url, body=None):
+    """Seconds and status of one request (a POST when ``body`` is given)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    t0 = time.perf_counter()
+    try:
+        status = urllib.request.urlopen(req, timeout=120).status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    return time.perf_counter() - t0, status
+
+
+def costly_requests(url):
+    """The costliest requests the API accepts, cold (sizes no earlier request used)."""
+    rows = []
+    for n, c, eps in ((64, 192, None), (64, 192, 0.5), (48, 144, 1e-3)):
+        body = {"algorithm": "cerar", "workers": n, "components": c, "size": "123MB", **({"eps": eps} if eps else {})}
+        rows.append((f"simulate cerar N={n} c={c} eps={eps}", *_timed(url + "api/simulate", body)))
+    for name in ALGORITHMS:
+        rows.append((f"compare {name}, ring, 2-64 workers", *_timed(url + f"api/compare?size=77MB&topology=ring&algorithm={name}")))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--screenshots", type=Path, help="save each algorithm at mid-run here")
@@ -93,6 +119,7 @@ def main():
                     page.wait_for_timeout(300)
                     page.screenshot(path=str(args.screenshots / f"web-{algorithm}.png"))
             browser.close()
+        costly = costly_requests(url)
     finally:
         server.terminate()
     print(f"first frame after load: {first_frame:.0f} ms after navigation ({first_wall:.0f} ms wall, cold server)")
@@ -105,6 +132,9 @@ def main():
         print(f"  {algorithm:<18} median {statistics.median(times):4.0f} ms, max {max(times):4.0f} ms: "
               + ", ".join(f"{ms:.0f}" for ms in times))
     print(f"worst case: {worst[0]:.0f} ms ({worst[1]}, N = {worst[2]})")
+    print("costliest requests, cold caches (seconds, HTTP status):")
+    for what, seconds, status in costly:
+        print(f"  {what:<40} {seconds:5.2f} s  {status}")
 
 
 if __name__ == "__main__":

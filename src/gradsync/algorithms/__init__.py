@@ -170,8 +170,9 @@ for _spec in (
                            "construction": Option(None, f"one of {', '.join(cerar_codec.CONSTRUCTIONS)}",
                                                   one_of(*cerar_codec.CONSTRUCTIONS)),
                            "max_error": Option(cerar_codec.DEFAULT_MAX_ERROR,
-                                               "a number > 0 (the relative error above which a design is refused)",
-                                               is_number(0)),
+                                               "a number > 0 (the relative error above which a design is "
+                                               "refused), or None to build it unchecked",
+                                               lambda v: v is None or is_number(0)(v)),
                            "dtype": Option("float32", "float32 or float64", one_of("float32", "float64")),
                            "scale": Option(None, f"one of {', '.join(cerar_codec.SCALES)}",
                                            one_of(*cerar_codec.SCALES))}),

@@ -558,6 +558,9 @@ def check_error(design: Design, dtype, max_error: float = DEFAULT_MAX_ERROR, cho
     if error <= max_error:
         return
     n, c = design.workers, design.components
+    if not np.isfinite(error) or max_error >= 1:     # nothing to search for: no useful c meets it
+        raise ConfigError(f"CERAR with N = {n} workers and c = {c} components predicts a relative error of "
+                          f"{error:.3g} in {dtype}, above max_error = {max_error:g}")
     largest = largest_components(n, dtype, max_error)
     r = -(-c // n) - 1
     why = (f"CERAR with N = {n} workers and c = {c} components predicts a relative error of {error:.3g} "

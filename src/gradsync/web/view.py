@@ -128,7 +128,7 @@ def _options(algorithm: str, topo: Topology, n: int, nbytes: int, components, ep
             raise ConfigError(f"components must be at most {MAX_COMPONENTS_PER_WORKER} x workers = "
                               f"{MAX_COMPONENTS_PER_WORKER * n} in the view, got {c}")
     if "max_error" in takes:
-        options["max_error"] = 1e300     # build refused designs too: the view shows them, in red
+        options["max_error"] = None      # build refused designs too: the view shows them, in red
     return options
 
 
@@ -149,7 +149,7 @@ def _estimate(schedule) -> dict | None:
     design = cerar.Design.from_dict(schedule.codec)
     error = design.checked_error("float32")
     limit = cerar.DEFAULT_MAX_ERROR
-    return {"error": error, "limit": limit, "refused": bool(not error <= limit),
+    return {"error": error if math.isfinite(error) else None, "limit": limit, "refused": bool(not error <= limit),
             "rounds": design.rounds, "components": design.components}
 
 

@@ -450,7 +450,8 @@ function renderPanels() {
     ["busiest link", busiest && busiest.bytes ? `${nodes[busiest.a].name}–${nodes[busiest.b].name}: ${fmtBytes(busiest.bytes)}, busy ${Math.round(util[b] * 100)}% of the time` : "-"]];
   if (d.estimate) {
     const e = d.estimate;
-    rows.push(["CERAR error", `<span class="${e.refused ? "bad" : "good"}">${e.error.toPrecision(3)} ${e.refused ? "&gt;" : "≤"} ${e.limit} — ${e.refused ? "gradsync refuses this design" : "accepted"}</span>`]);
+    const shown = e.error === null ? "not finite" : e.error.toPrecision(3);
+    rows.push(["CERAR error", `<span class="${e.refused ? "bad" : "good"}">${shown} ${e.refused ? "&gt;" : "≤"} ${e.limit} — ${e.refused ? "gradsync refuses this design" : "accepted"}</span>`]);
   }
   if (d.failure) rows.push(["failure", `rank ${d.failure.device} at ${fmtTime(d.failure.at_s)}; ${d.failure.stopped.length - 1} peers report it`]);
   $("numbers").innerHTML = rows.map(([key, v]) => `<dt>${key}</dt><dd>${v}</dd>`).join("");
