@@ -12,8 +12,10 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
 - ``GET /api/compare?size=&topology=&bandwidth=&latency=&components=&eps=&algorithm=``: time
   against workers, simulated and closed form, for one algorithm or all.
 
-Every request's work is bounded (workers, transfers, CERAR's components) and bodies are
-limited to 16 KB however they are sent; responses are valid JSON (never Infinity or NaN).
+Every request's work is bounded: workers, transfers, CERAR's components, and 1 s of computing
+(past it the answer is 202 {"pending": true, "detail"} with Retry-After, while the work
+finishes in the background and is cached for the next ask). Bodies are limited to 16 KB
+however they are sent; responses are valid JSON (never Infinity or NaN).
 """
 
 from __future__ import annotations
@@ -120,6 +122,10 @@ def create_app() -> FastAPI:
     @app.exception_handler(GradsyncError)
     async def bad_input(request: Request, exc: GradsyncError):
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(view.Busy)
+    async def busy(request: Request, exc: view.Busy):
+        return JSONResponse({"pending": True, "detail": str(exc)}, status_code=202, headers={"Retry-After": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):

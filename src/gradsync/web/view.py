@@ -8,6 +8,9 @@ out here from the same timeline.
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache
 
 import numpy as np
@@ -31,6 +34,43 @@ BANDWIDTH_RANGE = (1e3, 1e13)  # bytes/s the view accepts: 1 KB/s to 10 TB/s
 LATENCY_RANGE = (0.0, 1.0)     # seconds
 BOOK_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
 FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
+
+
+REQUEST_BUDGET_S = 1.0        # the longest a request computes before it is answered "busy"
+
+
+class Busy(Exception):
+    """A request's work did not finish within REQUEST_BUDGET_S; it goes on in the background
+    (one job at a time) and its result is cached, so asking again shortly gets it."""
+
+
+class _Background:
+    """One worker thread for the view's costly computations (CERAR designs, charts): a request
+    waits for its job up to a budget; the job, once started, finishes and fills the caches.
+    The same job asked for twice runs once."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gradsync-view")
+        self.jobs: dict = {}
+        self.lock = threading.Lock()
+
+    def run(self, key, fn, *args):
+        with self.lock:
+            job = self.jobs.get(key)
+            if job is None:
+                job = self.jobs[key] = self.pool.submit(fn, *args)
+                job.add_done_callback(lambda _: self._forget(key))
+        try:
+            return job.result(timeout=REQUEST_BUDGET_S)
+        except FutureTimeout:
+            raise Busy(f"still computing ({key[0]}); it goes on in the background: ask again in a second") from None
+
+    def _forget(self, key):
+        with self.lock:
+            self.jobs.pop(key, None)
+
+
+SIMULATIONS, CHARTS = _Background(), _Background()    # separate: a long chart never delays a simulation
 
 
 def _links(bandwidth, latency) -> tuple[float | None, float | None]:
@@ -155,11 +195,30 @@ def _estimate(schedule) -> dict | None:
 
 def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
                components=None, eps=None, fail=None) -> dict:
-    """Everything the page draws for one collective: the topology and its drawing, every
-    transfer's timeline, the chunks, the narration, the algorithm's explanation, CERAR's
-    error and a failure's outcome.
+    """Everything the page draws for one collective (see ``simulate_now``), computed within
+    REQUEST_BUDGET_S or answered ``Busy`` while it finishes in the background (CERAR designs
+    for large N and c take seconds); the last results are cached, so asking again gets it.
 
-    >>> d = simulation("ring", "ring", 4, 1_000_000)
+    >>> simulation("ring", "ring", 4, 1_000_000)["rounds"]
+    6
+    """
+    args = (algorithm, topology, workers, parse_size(size), bandwidth, latency, components, eps,
+            None if fail is None else tuple(fail))
+    return SIMULATIONS.run(("simulating",) + args, _cached_simulation, *args)
+
+
+@lru_cache(maxsize=16)
+def _cached_simulation(*args) -> dict:
+    return simulate_now(*args)
+
+
+def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
+                 components=None, eps=None, fail=None) -> dict:
+    """Everything the page draws for one collective, computed now: the topology and its
+    drawing, every transfer's timeline, the chunks, the narration, the algorithm's
+    explanation, CERAR's error and a failure's outcome.
+
+    >>> d = simulate_now("ring", "ring", 4, 1_000_000)
     >>> d["narration"][0]["text"][:40]
     'reduce-scatter, step 1 of 3: every worke'
     """
@@ -237,7 +296,8 @@ def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, laten
     if algorithms_ is None:
         algorithms_ = tuple(a for a in algorithms.names() if algorithms.get(a).accepts("float32"))
     _links(bandwidth, latency)       # bad values are refused before any work
-    return _comparison(size, topology, bandwidth, latency, components, eps, tuple(algorithms_))
+    args = (size, topology, bandwidth, latency, components, eps, tuple(algorithms_))
+    return CHARTS.run(("comparing",) + args, _comparison, *args)
 
 
 def _compare_workers(topology: str) -> tuple[int, ...]:
@@ -278,12 +338,12 @@ def warm_up() -> None:
     """Compute what a first visit asks for, so it finds routes, designs and charts cached: the
     default view, the default chart, and every algorithm at the common worker counts."""
     simulation("ring", "ring", 8, 160_000_000)
-    for name in algorithms.names():
-        if algorithms.get(name).accepts("float32"):
-            comparison(160_000_000, algorithms_=(name,))
+    names = [a for a in algorithms.names() if algorithms.get(a).accepts("float32")]
+    for name in names:
+        _comparison(160_000_000, "pcie-switch-4", None, None, None, None, (name,))
     for workers in (16, 32, 64):
-        for name in algorithms.names():
+        for name in names:
             try:
-                simulation(name, "ring", workers, 160_000_000)
+                simulate_now(name, "ring", workers, 160_000_000)
             except ConfigError:
                 pass

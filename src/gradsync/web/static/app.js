@@ -72,6 +72,11 @@ async function refresh() {
     if (seq !== simSeq) return;                                   // a newer request owns the view
     const parsed = performance.now();
     stats.pending = false;
+    if (r.status === 202) {                                       // still computing: ask again shortly
+      $("status").textContent = "computing… " + body.detail;
+      setTimeout(() => { if (seq === simSeq) refresh(); }, 1000 * Number(r.headers.get("retry-after") || 1));
+      return;
+    }
     if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); pendingSince = null; return; }
     $("status").textContent = "";
     const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
@@ -573,9 +578,15 @@ async function loadChart() {
   for (const name of list) {                                    // one bounded request per algorithm
     try {
       stats.chartRequests++;
-      const r = await fetch(chartQuery(name), { signal });
-      const c = await r.json();
-      if (seq !== chart.seq) return;                            // ...and one that still lands is ignored
+      let r, c;
+      for (;;) {                                                // 202: accepted, still computing: ask again
+        r = await fetch(chartQuery(name), { signal });
+        c = await r.json();
+        if (seq !== chart.seq) return;                          // ...and one that still lands is ignored
+        if (r.status !== 202) break;
+        await new Promise((ok) => setTimeout(ok, 1000 * Number(r.headers.get("retry-after") || 1)));
+        if (seq !== chart.seq) return;
+      }
       if (!r.ok) { $("chart-status").textContent = c.detail || "chart unavailable"; continue; }
       chart.meta = c; chart.curves[name] = c.curves[name];
       stats.chartApplied++;
