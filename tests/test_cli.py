@@ -6,12 +6,14 @@ import sys
 
 import pytest
 
+from gradsync import algorithms
+
 
 def gradsync(*args):
     return subprocess.run([sys.executable, "-m", "gradsync", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_compare_reproduces_the_seed_figures():
+def test_compare_reproduces_d2l_figures():
     run = gradsync("compare", "--topology", "pcie-switch-4", "--size", "160MB", "--format", "json")
     assert run.returncode == 0, run.stderr
     rows = {r["algorithm"]: r for r in json.loads(run.stdout)}
@@ -19,7 +21,7 @@ def test_compare_reproduces_the_seed_figures():
     assert rows["host"]["time_s"] == pytest.approx(0.080, rel=1e-3)
     assert rows["sharded"]["time_s"] == pytest.approx(0.015, rel=1e-3)
     assert rows["sharded"]["busbw_GBps"] == pytest.approx(16, rel=1e-3)
-    assert set(rows) == {"central", "host", "sharded", "ring", "tree", "halving_doubling", "cerar"}
+    assert set(rows) == set(algorithms.names())
     assert all(rows[a]["error"] == 0 for a in rows if a != "cerar")
     assert 0 < rows["cerar"]["error"] < 1e-2 and rows["cerar"]["components"] == 8
 
@@ -62,7 +64,7 @@ def test_simulate_takes_algorithm_options():
 
 
 def test_tune_names_a_crossover():
-    run = gradsync("tune", "--topology", "lowbw-cluster", "--format", "json")
+    run = gradsync("tune", "--topology", "ring", "--workers", "16", "--format", "json")
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert data["crossovers"] and all(r["best"] == min(r["times_s"], key=r["times_s"].get) for r in data["rows"])

@@ -114,7 +114,7 @@ def test_web_api_offers_and_simulates_it(pairwise):
     assert d["time_s"] == pytest.approx(2e-6 + 3 * 1e6 / 16e9, rel=1e-3)      # a route's latency + 3 MB out
     s = client.get("/api/schedule?algorithm=pairwise&workers=3&elements=10").json()
     assert s["algorithm"] == "pairwise" and len(s["transfers"]["src"]) == 6
-    curves = client.get("/api/compare?size=1MB").json()["curves"]
+    curves = client.get("/api/compare?size=1MB&algorithm=pairwise").json()["curves"]
     assert curves["pairwise"]["closed_form_s"][0] == pytest.approx(2e-6 + 1e6 / 16e9, rel=1e-3)   # 2 workers
 
 

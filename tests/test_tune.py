@@ -17,15 +17,31 @@ def test_choose_is_the_argmin_of_predicted_times():
 
 def test_latency_bound_and_bandwidth_bound_choices_differ_on_a_two_level_cluster():
     topo = preset("lowbw-cluster")
-    assert choose(topo, 1024).label != "ring" and choose(topo, 1 << 30).label == "ring"
+    flat = ["central", "ring", "tree", "sharded", "halving_doubling"]
+    assert choose(topo, 1024, candidates=flat).label != "ring" and choose(topo, 1 << 30, candidates=flat).label == "ring"
+
+
+def test_hierarchical_is_chosen_across_two_servers_for_the_traffic_it_saves():
+    # 2 servers x 4 GPUs: a flat ring sends 2 (N - 1)/N = 1.75 of the buffer over the
+    # 1 Gbit/s link, the hierarchical all-reduce 2 (M - 1)/M = 1 of it
+    from gradsync import algorithms
+    from gradsync.cost import default_options
+    from gradsync.simulate import simulate
+
+    topo = preset("lowbw-cluster")
+    assert choose(topo, 1 << 30).label == "hierarchical"
+    times = {name: simulate(algorithms.build(name, 8, 1 << 26, **default_options(name, topo, 8)), topo).time
+             for name in ("ring", "hierarchical")}
+    assert times["ring"] / times["hierarchical"] == pytest.approx(1.75, rel=0.02)
 
 
 def test_crossover_lies_between_its_grid_points():
-    topo = preset("lowbw-cluster")
-    rows, crossovers = table(topo, [1024, 1 << 16, 1 << 22, 1 << 28])
+    topo, flat = preset("lowbw-cluster"), ["central", "ring", "tree", "sharded", "halving_doubling"]
+    rows, crossovers = table(topo, [1024, 1 << 16, 1 << 22, 1 << 28], candidates=flat)
     assert crossovers
     for c in crossovers:
-        assert choose(topo, int(c.nbytes * 0.9)).label == c.below or choose(topo, int(c.nbytes * 1.05)).label == c.above
+        assert choose(topo, int(c.nbytes * 0.9), candidates=flat).label == c.below or \
+            choose(topo, int(c.nbytes * 1.05), candidates=flat).label == c.above
 
 
 def test_every_change_between_two_grid_points_is_reported():

@@ -23,8 +23,13 @@ def ring_options(topology: Topology, workers: int) -> dict:
 
 def default_options(algorithm: str, topology: Topology, workers: int) -> dict:
     """Options an algorithm gets on a topology when the user gives none: the topology's
-    preferred rings, for algorithms that take ``rings``. ``default_options("tree", topo, 4)`` is {}."""
-    return ring_options(topology, workers) if "rings" in algorithms.get(algorithm).options else {}
+    preferred rings, for algorithms that take ``rings``; its machines, for algorithms that
+    take ``local_size``. ``default_options("tree", topo, 4)`` is {}."""
+    takes = algorithms.get(algorithm).options
+    options = ring_options(topology, workers) if "rings" in takes else {}
+    if "local_size" in takes:
+        options["local_size"] = topology.machine_size(workers)
+    return options
 
 
 def uniform(topology: Topology, workers: int) -> bool:
@@ -64,6 +69,12 @@ def net_for(topology: Topology, workers: int, options: dict | None = None) -> Ne
         host_rate = topology.reduce_rate(topology.host)
         host = dict(host_alpha=host_alpha, host_beta=host_beta,
                     host_gamma=1.0 / host_rate if host_rate else 0.0)
+    local = (options or {}).get("local_size")
+    if local and 1 < local < workers and workers % local == 0:
+        # across machines: the rails (worker i and i + L); inside: neighbours in one machine
+        alpha, beta = max(topology.path_alpha_beta(names[i], names[(i + local) % workers]) for i in range(workers))
+        inside = [topology.path_alpha_beta(names[i], names[i + 1]) for i in range(workers - 1) if (i + 1) % local]
+        host["local_alpha"], host["local_beta"] = max(inside)
     ring_betas = ()
     rings = (options or {}).get("rings")
     if rings:

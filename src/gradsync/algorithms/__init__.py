@@ -17,7 +17,7 @@ import numpy as np
 
 from ..coding import cerar as cerar_codec
 from ..errors import ConfigError
-from . import central, cerar, halving_doubling, host, ring, sharded, tree
+from . import central, cerar, halving_doubling, hierarchical, host, ring, sharded, tree
 from .spec import DTYPES, AlgorithmSpec, Option, is_int, is_number, one_of
 
 REGISTRY: dict[str, AlgorithmSpec] = {}
@@ -160,6 +160,15 @@ for _spec in (
     AlgorithmSpec(name="halving_doubling", schedule=halving_doubling.schedule, cost=halving_doubling.cost,
                   explanation=halving_doubling.EXPLANATION, phases={"reduce": "recursive halving", "copy": "recursive doubling"},
                   exact=True, summary="recursive halving (reduce-scatter), then recursive doubling (all-gather)"),
+    AlgorithmSpec(name="hierarchical", schedule=hierarchical.schedule, cost=hierarchical.cost,
+                  explanation=hierarchical.EXPLANATION,
+                  phases={"reduce": "reduce-scatter, then all-reduce across machines",
+                          "copy": "all-gather"}, exact=True,
+                  summary="reduce-scatter inside each machine, all-reduce across machines on rails, all-gather inside",
+                  options={"local_size": Option(None, "an integer >= 1 that divides the workers (workers per machine)",
+                                                is_int(1)),
+                           "inter": Option("ring", f"one of {', '.join(hierarchical.INTERS)}",
+                                           one_of(*hierarchical.INTERS))}),
     AlgorithmSpec(name="cerar", schedule=cerar.schedule, cost=cerar.cost,
                   explanation=cerar.EXPLANATION, phases={"coded": "coded ring pass"}, exact=False,
                   summary="coded approximate ring all-reduce: fewer rounds and bytes, a bounded error",

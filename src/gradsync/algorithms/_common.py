@@ -14,6 +14,8 @@ class Net:
     worker; mu: seconds per multiply-add in matrix products (codecs). ``host_*`` are the same
     for worker <-> host traffic and the host's own compute.
     ``ring_betas`` gives one beta per ring when ring all-reduce runs several rings at once.
+    ``local_*``: alpha and beta between workers of one machine, when workers are grouped into
+    machines (hierarchical algorithms); alpha and beta are then those across machines.
     """
 
     alpha: float
@@ -24,6 +26,8 @@ class Net:
     host_beta: float | None = None
     host_gamma: float | None = None
     ring_betas: tuple[float, ...] = ()
+    local_alpha: float | None = None
+    local_beta: float | None = None
 
 
 MAX_WORKERS = 65536       # the largest ethernet preset

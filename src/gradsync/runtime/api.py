@@ -16,6 +16,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..plan import Plan, compile_plan
 from ..schedule import CODED, COPY, REDUCE, Schedule
 from .agree import Agreement, digest, seen_before
+from .launch import local_size
 from .collective import Collective, node_buffers
 from .transport import DistributedTransport
 
@@ -178,6 +179,8 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     dtype = str(tensor.dtype).removeprefix("torch.")
     spec = algorithms.get(algorithm)
     spec.check_dtype(dtype)
+    if "local_size" in spec.options and options.get("local_size") is None:
+        options["local_size"] = local_size(workers)          # machines as the launcher placed the ranks
     frozen_options = frozen(options)
     description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
                    "options": json.loads(frozen_options), "device": tensor.device.type}

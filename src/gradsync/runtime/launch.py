@@ -49,10 +49,12 @@ def rendezvous_store(host: str, port: int, rank: int, workers: int, timeout: flo
 def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, external=()):
     if network is not None:                                  # a worker behind an emulated slow link
         from .links import enter
-        enter(network.namespaces[rank])
+        enter(network.namespace_of(rank))
         os.environ["GLOO_SOCKET_IFNAME"] = network.interface
     elif host == LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
+    # workers per machine, as torchrun says it: what hierarchical algorithms group by
+    os.environ["LOCAL_WORLD_SIZE"] = str(network.per_node if network is not None else workers)
     try:
         algorithms.load_external(external)    # a spawned process sees only gradsync's own algorithms
         dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
@@ -99,6 +101,17 @@ def _one_openmp_thread():
             del os.environ["OMP_NUM_THREADS"]
 
 
+def local_size(workers: int) -> int:
+    """Workers per machine in this launch, for algorithms that group by machine: GRADSYNC_LOCAL_SIZE,
+    else torchrun's (and gradsync's own launcher's) LOCAL_WORLD_SIZE, if it divides ``workers``;
+    else ``workers`` (one machine). ``local_size(4)`` is 4 outside any launcher."""
+    for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        value = os.environ.get(key, "")
+        if value.isdigit() and int(value) >= 1 and workers % int(value) == 0:
+            return int(value)
+    return workers
+
+
 def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False,
         network=None) -> list:
     """Run ``fn(rank, workers, *args)`` in ``workers`` new processes; return their results by rank.
@@ -119,7 +132,7 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         raise ConfigError(f"workers must be an integer in 1..256, got {workers!r}")
     if network is not None and network.workers != workers:
-        raise ConfigError(f"the slow-link network has {network.workers} namespaces, not {workers}")
+        raise ConfigError(f"the slow-link network is for {network.workers} workers, not {workers}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     if network is not None:

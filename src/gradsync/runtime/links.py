@@ -1,7 +1,8 @@
 """Slow links between local workers: Linux network namespaces, veth pairs and tc.
 
-Each worker gets its own network namespace with one interface (eth0), joined by a veth pair
-to a bridge in a switch namespace. Both ends of every pair are shaped with a token bucket
+Each worker (or each machine of ``per_node`` workers, which then share its namespace and talk
+to each other inside it, as processes on one host do) gets its own network namespace with one
+interface (eth0), joined by a veth pair to a bridge in a switch namespace. Both ends of every pair are shaped with a token bucket
 (tc tbf), so each link is full duplex at the given rate. Everything is created and removed
 by gradsync (root needed); names carry the creating process's id, and namespaces left by a
 process that no longer exists are removed at the next start. Only addresses inside these
@@ -59,7 +60,8 @@ def has_netem() -> bool:
 
 @dataclass
 class SlowLinks:
-    """Context manager giving ``workers`` namespaces on a shaped switch (see the module docstring)."""
+    """Context manager giving ``workers`` workers, ``per_node`` to a namespace (an emulated
+    machine), on a shaped switch (see the module docstring)."""
 
     workers: int
     bandwidth: str
@@ -73,11 +75,24 @@ class SlowLinks:
     # clusters tuned for collectives often turn that off, and algorithms with many short
     # rounds feel it most (docs/experiments.md)
     idle_slow_start: bool = True
+    per_node: int = 1
 
     def __post_init__(self):
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
             raise ConfigError(f"workers must be in 1..250 for slow links, got {self.workers!r}")
+        if isinstance(self.per_node, bool) or not isinstance(self.per_node, int) or self.per_node < 1 \
+                or self.workers % self.per_node:
+            raise ConfigError(f"per_node must be a positive divisor of workers = {self.workers}, got {self.per_node!r}")
         self.rate = parse_bandwidth(self.bandwidth)
+
+    @property
+    def machines(self) -> int:
+        """How many emulated machines (namespaces) the workers are on."""
+        return self.workers // self.per_node
+
+    def namespace_of(self, rank: int) -> str:
+        """The namespace worker ``rank`` runs in (consecutive ranks share a machine)."""
+        return self.namespaces[rank // self.per_node]
 
     def __enter__(self) -> "SlowLinks":
         if os.geteuid() != 0:
@@ -98,8 +113,8 @@ class SlowLinks:
     def _create(self):
         tag = f"gs{os.getpid()}"
         switch = f"{tag}-sw"
-        self.namespaces = [f"{tag}-w{i}" for i in range(self.workers)]
-        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(self.workers)]
+        self.namespaces = [f"{tag}-w{i}" for i in range(self.machines)]
+        self.addresses = [f"{SUBNET}.{i + 1}" for i in range(self.machines)]
         self._all = [switch] + self.namespaces
         rate_bits = int(self.rate * 8)
         burst = max(32 * 1024, int(self.rate / 100))          # at least one timer tick's worth

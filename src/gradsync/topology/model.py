@@ -8,6 +8,8 @@ is preferred over PCIe where both exist.
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -118,6 +120,27 @@ class Topology:
     def is_tree(self) -> bool:
         """True when there is one route between any two nodes (switches, no meshes)."""
         return self._tree is not None
+
+    def machine_size(self, workers: int | None = None) -> int:
+        """How many consecutive workers share a machine: the groups left when the slowest tier
+        of links (the network between machines) is removed, if they split the first
+        ``workers`` workers into equal runs of consecutive ranks; else ``workers`` (one machine).
+
+        >>> from gradsync.topology import preset
+        >>> preset("lowbw-cluster").machine_size(), preset("p3.16xlarge").machine_size()
+        (4, 8)
+        """
+        names = list(self.workers[:workers] if workers else self.workers)
+        slowest = min(l.bandwidth for l in self.links)
+        fast = nx.Graph()
+        fast.add_nodes_from(n.name for n in self.nodes)
+        fast.add_edges_from((l.a, l.b) for l in self.links if l.bandwidth > slowest)
+        part = {name: k for k, comp in enumerate(nx.connected_components(fast)) for name in comp}
+        runs = [len(list(g)) for _, g in itertools.groupby(part[w] for w in names)]
+        ids = [part[w] for w in names]
+        if len(runs) > 1 and len(set(runs)) == 1 and runs[0] > 1 and len(set(ids)) == len(runs):
+            return runs[0]
+        return len(names)
 
     def route_nodes(self, a: str, b: str) -> list[int]:
         """Node indices along the route from ``a`` to ``b``, both included."""
