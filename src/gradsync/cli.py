@@ -124,6 +124,15 @@ def _steps(total, label):
 OPTION_LIMITS = {"components": MAX_COMPONENTS, "segments": 4096}   # larger ones take minutes to build
 
 
+def _write_json(data, path, option):
+    """Write ``data`` as JSON; one line naming ``option`` if the file cannot be written."""
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror}", param_hint=f"'{option}'")
+
+
 def _parse_options(pairs) -> dict:
     options = {}
     for pair in pairs:
@@ -274,11 +283,15 @@ def compare(topology, size, workers, dtype, names, components, fmt):
               help="Algorithm option, e.g. -o segments=16 (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the result with its timeline of transfers as JSON.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace (ui.perfetto.dev): a track per worker, a utilisation counter per busy link.")
 @format_option
-def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, fmt):
-    """Simulate one all-reduce on a topology; optionally write its timeline as JSON."""
+def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, fmt):
+    """Simulate one all-reduce on a topology; optionally write its timeline as JSON or a trace."""
     if out:
         _writable(out, "--out")
+    if trace_path:
+        _writable(trace_path, "--trace")
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
     elements = _elements(size, dtype)
@@ -296,6 +309,9 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
                 json.dump(result.to_dict(timeline=True), fh)
         except OSError as exc:
             raise click.BadParameter(f"cannot write {out!r}: {exc.strerror}", param_hint="'--out'")
+    if trace_path:
+        from .trace import from_simulation
+        _write_json(from_simulation(result), trace_path, "--trace")
 
     def render(s):
         click.echo(f"{algorithm} on {topo.name}, {n} workers, {format_size(s['bytes'])}: "
@@ -304,6 +320,8 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
                      [[l["channel"], format_size(l["bytes"]), format_time(l["busy_s"])] for l in s["links"][:5]])
         if out:
             click.echo(f"timeline written to {out}")
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
     _emit(fmt, summary, render)
 
@@ -400,14 +418,26 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
               help="A topology (e.g. from 'gradsync calibrate') to print the simulator's prediction beside each row.")
 @click.option("--link-bandwidth", default=None,
               help="Emulate slow links (e.g. 100Mbit): each worker in its own network namespace (root).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of every gradsync collective (ui.perfetto.dev): a track per rank, "
+                   "slices per collective, round and transfer, clocks aligned.")
+@click.option("--flight-dir", type=click.Path(file_okay=False), default=None,
+              help="Where each rank writes its flight record on a failure or SIGUSR1 (read it with 'gradsync doctor').")
 @format_option
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
-          link_bandwidth, fmt):
+          link_bandwidth, trace_path, flight_dir, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
+    if trace_path:
+        _writable(trace_path, "--trace")
+        if backend == "mpi" or "RANK" in os.environ:
+            raise click.BadParameter("traces are written for local workers on the torch backend, not under "
+                                     "mpirun or torchrun", param_hint="'--trace'")
     chosen = _chosen(names, dtype)
+    if flight_dir:                        # the workers inherit it
+        os.environ["GRADSYNC_FLIGHT_DIR"] = os.path.abspath(flight_dir)
     options = {a: {"components": components} for a in chosen
                if components and "components" in algorithms.get(a).options}
     byte_sizes = _sizes(sizes, min_size, max_size, dtype)
@@ -422,7 +452,13 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         where = f"{workers} ranks started by torchrun, Gloo"
     else:
         with _links(workers, link_bandwidth) as network:
-            rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600, network=network)[0]
+            results = run(bench_mod.worker, workers, *args, None, bool(trace_path), timeout=timeout * 4 + 600,
+                          network=network)
+        rows = results[0]
+        if trace_path:
+            from .trace import merge
+            rows = results[0]["rows"]
+            _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
                  else f"{workers} local workers, Gloo over 127.0.0.1")
         if link_bandwidth:
@@ -455,6 +491,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                 line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
             table.append(line)
         _print_table(headers, table)
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
     _emit(fmt, rows, render)
 
@@ -679,6 +717,62 @@ def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
                    f"{r['final']['world_size']} workers")
 
     _emit(fmt, result, render)
+
+
+@main.command()
+@click.argument("directory", type=click.Path())
+@format_option
+def doctor(directory, fmt):
+    """Read every rank's flight record in DIRECTORY (GRADSYNC_FLIGHT_DIR) and say in one paragraph
+    what happened: who stopped first, the collective in flight, where each rank was."""
+    from .doctor import diagnose, read
+
+    out = diagnose(read(directory))
+    _emit(fmt, out, lambda o: click.echo(o["paragraph"]))
+
+
+@main.group("trace")
+def trace_group():
+    """Read Chrome traces written by bench --trace, simulate --trace and all_reduce(trace=...)."""
+
+
+@trace_group.command("compare")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.argument("simulated", type=click.Path(dir_okay=False))
+@format_option
+def trace_compare(measured, simulated, fmt):
+    """Per round, measured time (median over ranks and calls) against the simulator's, and where
+    the gap is largest. MEASURED: a bench --trace file; SIMULATED: a simulate --trace file of the
+    same algorithm and size (with a calibrated topology, to compare with this machine)."""
+    from .trace import compare, load
+
+    out = compare(load(measured), load(simulated))
+
+    def render(o):
+        click.echo(f"{o['algorithm']}, {format_size(o['bytes'])}: measured {format_time(o['measured_total_s'])} "
+                   f"over its rounds, simulated {format_time(o['predicted_total_s'])}")
+        _print_table(["round", "measured", "simulated", "gap", "error"],
+                     [[r["round"], "-" if r["measured_s"] is None else format_time(r["measured_s"]),
+                       "-" if r["predicted_s"] is None else format_time(r["predicted_s"]),
+                       "-" if r["gap_s"] is None else ("+" if r["gap_s"] >= 0 else "-") + format_time(abs(r["gap_s"])),
+                       "-" if r["error"] is None else f"{r['error']:+.0%}"] for r in o["rounds"]])
+        if o["largest_gap_round"] is not None:
+            click.echo(f"largest gap: round {o['largest_gap_round']}; median error over rounds "
+                       f"{o['median_abs_error']:.0%}")
+
+    _emit(fmt, out, render)
+
+
+@trace_group.command("merge")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="The merged trace to write.")
+def trace_merge(traces, out):
+    """Join the ranks' trace files (Trace.save on each rank) into one."""
+    from .trace import load, merge
+
+    _writable(out, "--out")
+    _write_json(merge([load(t) for t in traces]), out, "--out")
+    click.echo(f"{len(traces)} traces merged into {out}")
 
 
 @main.command("list")
