@@ -366,6 +366,76 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
     _emit(fmt, out, render)
 
 
+@main.command("explain")
+@topology_option
+@click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Message size, e.g. 64MB.")
+@workers_option
+@dtype_option
+@click.option("--algorithms", "names", default=None,
+              help="Comma-separated candidates (default: the ones auto weighs, every exact one).")
+@click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Weigh CERAR designs whose predicted relative error is within this budget, as tune does.")
+@click.option("--measured", type=click.Path(dir_okay=False), default=None,
+              help="Rows of 'gradsync bench --format json' (after calibrate): measured time beside each prediction.")
+@format_option
+def explain_cmd(topology, size, workers, dtype, names, max_error, measured, fmt):
+    """Why auto picks what it picks: every candidate's predicted time split into latency, bandwidth,
+    reduction and codec terms, its bottleneck link, the winner and its margin."""
+    from .explain import explain
+
+    topo = _topology(topology, workers, TUNED)
+    if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
+        raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
+                                 param_hint="'--max-error'")
+    n, itemsize = len(topo.workers), DTYPES[dtype]
+    elements = _elements(size, dtype)
+    rows = _bench_rows(measured) if measured else None
+    candidates = _affordable(_chosen(names, dtype), names, n) if names is not None else None
+    out = explain(topo, elements * itemsize, itemsize, n, candidates, max_error,
+                  dtype if dtype in ("float32", "float64") else "float32", rows)
+
+    def render(o):
+        click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(o['bytes'])} {dtype}")
+        headers = ["candidate", "predicted", "latency", "bandwidth", "reduction", "codec", "bottleneck link"]
+        if rows is not None:
+            headers.append("measured")
+        table = []
+        for r in sorted(o["candidates"], key=lambda r: r["predicted_s"]):
+            line = [r["candidate"], format_time(r["predicted_s"])] + \
+                [format_time(r[k]) for k in ("latency", "bandwidth", "reduction", "codec")] + \
+                [f"{r['bottleneck']} ({r['bottleneck_busy']:.0%} busy)" if r["bottleneck"] else "-"]
+            if rows is not None:
+                line.append("-" if r["measured_s"] is None else format_time(r["measured_s"]))
+            table.append(line)
+        _print_table(headers, table)
+        best = next(r for r in o["candidates"] if r["candidate"] == o["winner"])
+        click.echo(f"winner: {o['winner']}" + (f"; the next best, {o['runner_up']}, is predicted {o['margin']:.1%} slower"
+                                              if o["margin"] is not None else "")
+                   + f"; its time is mostly {o['winner_dominant_term']} "
+                     f"({best[o['winner_dominant_term']] / (best['closed_form'] or 1):.0%} of its closed form)")
+        click.echo(f"predicted: the {best['predicted_by']}'s time, as tune compares; the terms split the closed form, "
+                   f"which matches the simulator where every pair of workers meets through one switch (there auto "
+                   f"uses it)")
+
+    _emit(fmt, out, render)
+
+
+def _bench_rows(path):
+    """Bench rows from a 'bench --format json' file; one line naming the file if it is not one."""
+    try:
+        with open(path) as fh:
+            rows = json.load(fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}", param_hint="'--measured'")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path!r} is not JSON: {exc}", param_hint="'--measured'")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"algorithm", "bytes", "time_s"} <= set(r)
+                                             for r in rows):
+        raise click.BadParameter(f"{path!r} is not the output of 'gradsync bench --format json' (a list of rows "
+                                 f"with algorithm, bytes and time_s)", param_hint="'--measured'")
+    return rows
+
+
 def _ladder(lo, hi):
     """Round sizes from ``lo`` up to exactly ``hi``, about 4x apart: powers of 4 below ``hi`` when
     it is a power of two (4 KiB, 16 KiB, ...), else 1, 4, 16, 64, 250 times 1000^k.
