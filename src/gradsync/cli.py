@@ -334,9 +334,12 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
 @click.option("--max-size", type=Size(), default="1GB", show_default=True)
 @click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Allow CERAR designs whose predicted relative error is within this budget.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw predicted time against size per algorithm, crossovers marked, to this PNG.")
 @format_option
-def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
+def tune(topology, workers, dtype, min_size, max_size, max_error, plot, fmt):
     """Print the fastest algorithm per message size and the sizes where the choice changes."""
+    _png(plot)
     topo = _topology(topology, workers, TUNED)
     if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
         raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
@@ -352,6 +355,9 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
                              dtype=dtype if dtype in ("float32", "float64") else "float32")
     out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows,
            "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
+    if plot:
+        from .plots import tune_plot
+        tune_plot(rows, out["crossovers"], plot, f"{topo.name}, {len(topo.workers)} workers, {dtype}: predicted time")
 
     def render(o):
         click.echo(f"{topo.name}: {topo.description}; {o['workers']} workers")
@@ -362,6 +368,8 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
                       for r in rows])
         for c in o["crossovers"]:
             click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
+        if plot:
+            click.echo(f"plot written to {plot}")
 
     _emit(fmt, out, render)
 
@@ -436,6 +444,15 @@ def _bench_rows(path):
     return rows
 
 
+def _png(path, option="--plot"):
+    """Refuse, before any work, a plot path that is not a writable .png: ``_png("a.png")``."""
+    if path is None:
+        return
+    if not path.endswith(".png"):
+        raise click.BadParameter(f"must end in .png, got {path!r}", param_hint=f"'{option}'")
+    _writable(path, option)
+
+
 def _ladder(lo, hi):
     """Round sizes from ``lo`` up to exactly ``hi``, about 4x apart: powers of 4 below ``hi`` when
     it is a power of two (4 KiB, 16 KiB, ...), else 1, 4, 16, 64, 250 times 1000^k.
@@ -493,13 +510,16 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
                    "slices per collective, round and transfer, clocks aligned.")
 @click.option("--flight-dir", type=click.Path(file_okay=False), default=None,
               help="Where each rank writes its flight record on a failure or SIGUSR1 (read it with 'gradsync doctor').")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw busbw against size per algorithm (native included) to this PNG.")
 @format_option
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
-          link_bandwidth, trace_path, flight_dir, fmt):
+          link_bandwidth, trace_path, flight_dir, plot, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
+    _png(plot)
     if trace_path:
         _writable(trace_path, "--trace")
         if backend == "mpi" or "RANK" in os.environ:
@@ -546,6 +566,9 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
             r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
             r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+    if plot:
+        from .plots import bench_plot
+        bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
 
     def render(rows):
         click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
@@ -563,6 +586,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         _print_table(headers, table)
         if trace_path:
             click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
+        if plot:
+            click.echo(f"plot written to {plot}")
 
     _emit(fmt, rows, render)
 
