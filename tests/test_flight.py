@@ -108,8 +108,10 @@ def test_with_every_record_present_the_rank_furthest_behind_stopped_first():
     out = diagnose(records)
     assert out["first"] == 1 and out["silent"] == []
     assert "Rank 1 stopped first: it was furthest behind" in out["paragraph"]
-    assert "rank 1 was in round 0 of 4 of collective #4" in out["paragraph"]
-    assert "rank 2 was in round 1 of 4 of collective #5" in out["paragraph"]
+    assert "The collective in flight was collective #5 (halving_doubling, 1.049 MB float32)." in out["paragraph"]
+    assert "rank 1 was in round 0 of 0-3 of collective #4" in out["paragraph"]
+    assert "rank 0 was in round 2 of 0-3 of it; rank 1" in out["paragraph"]
+    assert "rank 2 was in round 1 of 0-3 of it (records written on SIGUSR1)." in out["paragraph"]
     assert out["collective"]["sequence"] == 5
 
 

@@ -58,19 +58,22 @@ def _describe(e: dict) -> str:
     return f"collective #{e['sequence']} ({e['algorithm']}, {format_size(e['bytes'])} {e['dtype']})"
 
 
-def _where(rank: int, e: dict | None) -> str:
+def _where(e: dict | None, current: dict | None) -> str:
+    """Where a rank was, without its name ("in round 1 of 0-5 of it, ..."); the collective is
+    named only when it is not ``current`` (the one in flight)."""
     if e is None:
-        return f"rank {rank} had run no collective"
+        return "had run no collective"
+    which = "it" if current is not None and e["sequence"] == current["sequence"] else _describe(e)
     if e["phase"] == "done":
-        return f"rank {rank} had finished {_describe(e)} and started no other"
+        return f"had finished {_describe(e)} and started no other"
     at = "agreeing on the call" if e["phase"] == "agree" or e["round"] < 0 else \
-        f"in round {e['round']} of {e['rounds']}"
+        f"in round {e['round']} of 0-{e['rounds'] - 1}"
+    text = f"{at} of {which}"
     waiting = e.get("waiting_on")
-    text = f"rank {rank} was {at} of {_describe(e)}"
     if waiting:
         text += f", waiting on rank {waiting['peer']} ({'receive' if waiting['kind'] == 'recv' else waiting['kind']})"
     if e["phase"] == "failed" and e.get("error"):
-        text += f", and failed: {e['error'].split(': ', 1)[0]}" + \
+        text += f", and failed with {e['error'].split(': ', 1)[0]}" + \
             (f" naming rank {e['error_peer']}" if e.get("error_peer") is not None else "")
     return text
 
@@ -115,9 +118,14 @@ def diagnose(records: list[dict]) -> dict:
                      + (f"; {_count(len(failed), 'rank')} ({', '.join(map(str, failed))}) failed it"
                         if failed else "") + ".")
     reasons = sorted({rec["reason"] for rec in records})
+    places: dict[str, list[int]] = {}
+    for rank in range(size):
+        places.setdefault(_where(flights[rank], in_flight) if rank in flights else "left no record", []).append(rank)
     lines.append("Where each rank was: " + "; ".join(
-        _where(rank, flights[rank]) if rank in flights else f"rank {rank} left no record"
-        for rank in range(size)) + f" (records written on {', '.join(reasons)}).")
+        (f"rank {ranks[0]} " if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} ")
+        + ("" if place.startswith(("had ", "left ")) else "was " if len(ranks) == 1 else "were ") + place
+        for place, ranks in sorted(places.items(), key=lambda item: item[1][0]))
+        + f" (records written on {', '.join(reasons)}).")
     return {"first": first, "silent": silent, "size": size,
             "collective": in_flight, "ranks": {str(rank): flights.get(rank) for rank in range(size)},
             "paragraph": " ".join(lines)}
