@@ -189,3 +189,25 @@ def test_cli_writes_a_simulated_trace_and_refuses_a_bad_one(tmp_path):
     merged = tmp_path / "m.json"
     assert gradsync("trace", "merge", str(out), str(out), "-o", str(merged)).returncode == 0
     assert len(trace.load(merged)["traceEvents"]) == 2 * len(doc["traceEvents"])
+
+
+def test_a_rank_tracing_alone_gets_a_mismatch_not_a_hang():
+    transports = MemoryTransport.group(2, seed=1)
+    out = [None, None]
+
+    def rank(r):
+        try:
+            for k in range(2):          # the second call: rank 0 traces, rank 1 does not
+                traced = Trace() if (r == 0 and k == 1) else None
+                prepare(torch.ones(10), "ring", "sum", transports[r], time.monotonic() + 10, True, False, {},
+                        traced).start(True).wait()
+        except Exception as exc:       # noqa: BLE001 - the test looks at it
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for exc in out:
+        assert type(exc).__name__ == "MismatchError" and "traced: rank(s) [0] have true" in str(exc)
