@@ -211,3 +211,8 @@ def test_a_rank_tracing_alone_gets_a_mismatch_not_a_hang():
         t.join(30)
     for exc in out:
         assert type(exc).__name__ == "MismatchError" and "traced: rank(s) [0] have true" in str(exc)
+
+
+def test_a_simulated_trace_too_large_to_write_is_refused_before_simulating():
+    with pytest.raises(ConfigError, match="ring on 600 workers has 718800 \\(worker, round\\) steps, more than 250000"):
+        trace.check_size(algorithms.build("ring", 600, 600))

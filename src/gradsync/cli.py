@@ -299,7 +299,11 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
     options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
     step = _steps(1, "simulate")
     step(f"{algorithm} on {n} workers")
-    result = simulate(algorithms.build(algorithm, n, elements, dtype=dtype, **options), topo, itemsize)
+    schedule = algorithms.build(algorithm, n, elements, dtype=dtype, **options)
+    if trace_path:
+        from .trace import check_size
+        check_size(schedule)          # before a long simulation
+    result = simulate(schedule, topo, itemsize)
     step(None)
     summary = result.to_dict(timeline=False)
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]

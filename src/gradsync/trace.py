@@ -82,6 +82,23 @@ def round_slices(events: list[dict], pid: int, end_us: float) -> list[dict]:
     return out
 
 
+STEPS_LIMIT = 250_000      # (node, round) pairs of a simulated trace: a ring of 256 workers has 130 560
+
+
+def check_size(schedule) -> np.ndarray:
+    """The (node, round) steps of a schedule's trace, as node * rounds + round; ConfigError
+    beyond ``STEPS_LIMIT`` (check before simulating: ``check_size(ring.schedule(4, 8))``)."""
+    t, c, rounds = schedule.transfers, schedule.compute, max(schedule.rounds, 1)
+    steps = np.unique(np.concatenate([t["src"].astype(np.int64) * rounds + t["round"],
+                                      t["dst"].astype(np.int64) * rounds + t["round"],
+                                      c["node"].astype(np.int64) * rounds + c["round"]]))
+    if len(steps) > STEPS_LIMIT:
+        raise ConfigError(f"a trace of {schedule.algorithm} on {schedule.workers} workers has {len(steps)} "
+                          f"(worker, round) steps, more than {STEPS_LIMIT}: its file would take gigabytes; "
+                          f"trace fewer workers")
+    return steps
+
+
 def from_simulation(result, sequence: int = 0) -> dict:
     """The trace of a simulated collective (a ``SimResult``), laid out as a measured one.
 
@@ -89,56 +106,71 @@ def from_simulation(result, sequence: int = 0) -> dict:
     its transfers of the round are delivered and their reduction is done, as the simulator
     times it: ``send`` at the start (posting is free in the model), ``recv wait`` until the
     last receive is delivered, ``send wait`` until the last send is, ``reduce`` for the adds.
+    ConfigError beyond ``STEPS_LIMIT`` (node, round) pairs: the file would take gigabytes.
     """
     s, topo = result.schedule, result.topology
-    t = s.transfers
-    itemsize = result.itemsize
+    t, c = s.transfers, s.compute
+    itemsize, rounds = result.itemsize, max(s.rounds, 1)
     names = [topo.nodes[p].name for p in result.placement]
     add_rate = np.array([topo.reduce_rate(n) or np.inf for n in names])
     madd_rate = np.array([topo.madd_rate(n) or np.inf for n in names])
+    steps = check_size(s)
+    src_key = t["src"].astype(np.int64) * rounds + t["round"]
+    dst_key = t["dst"].astype(np.int64) * rounds + t["round"]
+    out_step, in_step = np.searchsorted(steps, src_key), np.searchsorted(steps, dst_key)
+    received = np.full(len(steps), -np.inf)
+    np.maximum.at(received, in_step, result.done)
+    sent = np.full(len(steps), -np.inf)
+    np.maximum.at(sent, out_step, result.done)
+    adds = np.bincount(in_step, weights=np.where(t["op"] != COPY, t["count"], 0), minlength=len(steps))
+    madds = np.bincount(np.searchsorted(steps, c["node"].astype(np.int64) * rounds + c["round"]),
+                        weights=c["madds"], minlength=len(steps))
+    node_of, round_of = steps // rounds, steps % rounds
+    work = adds / add_rate[node_of] + madds / madd_rate[node_of]
+    outgoing = np.split(np.argsort(out_step, kind="stable"), np.searchsorted(np.sort(out_step), np.arange(1, len(steps))))
+    incoming = np.split(np.argsort(in_step, kind="stable"), np.searchsorted(np.sort(in_step), np.arange(1, len(steps))))
+
     events = []
     for node in range(s.nodes):
         label = f"rank {node}" if node < s.workers else f"{s.helpers[node - s.workers]} (helper)"
         events += metadata(node, label) + metadata(node, "collective", tid=0)
     nbytes = s.elements * itemsize
-    for node in range(s.nodes):
-        outgoing, incoming = t["src"] == node, t["dst"] == node
-        computed = s.compute[s.compute["node"] == node]
-        rounds = np.unique(np.concatenate([t["round"][outgoing | incoming], computed["round"]]))
-        now, inner = 0.0, []
-        for r in rounds.tolist():
-            out_ids = np.flatnonzero(outgoing & (t["round"] == r))
-            in_ids = np.flatnonzero(incoming & (t["round"] == r))
-            adds = int(t["count"][in_ids][t["op"][in_ids] != COPY].sum())
-            madds = int(computed["madds"][computed["round"] == r].sum())
-            work = adds / add_rate[node] + madds / madd_rate[node]
-            start = now
-            parts = []
-            for i in out_ids.tolist():
-                parts.append(complete("send", "transfer", node, start * 1e6, 0.0, _args(t, i, int(t["dst"][i]), itemsize)
-                                      | {"start_s": float(result.start[i]), "sent_s": float(result.sent[i]),
-                                         "done_s": float(result.done[i])}))
-            received = float(result.done[in_ids].max()) if len(in_ids) else start
-            if len(in_ids):
-                parts.append(complete("recv wait", "transfer", node, start * 1e6, (received - start) * 1e6,
-                                      _merged_args(t, in_ids, t["src"], itemsize)))
-            sent = float(result.done[out_ids].max()) if len(out_ids) else start
-            delivered = max(received, sent, start)
-            if sent > received:
-                parts.append(complete("send wait", "transfer", node, received * 1e6, (sent - received) * 1e6,
-                                      {"round": r}))
-            if adds or madds:
-                name = "reduce" if adds else "compute"
-                args = _merged_args(t, in_ids[t["op"][in_ids] != COPY], t["src"], itemsize) if adds else {"round": r}
-                parts.append(complete(name, "transfer", node, delivered * 1e6, work * 1e6, args | {"madds": madds}))
-            now = delivered + work
-            inner.append(complete(f"round {r}", "round", node, start * 1e6, (now - start) * 1e6, {"round": r}))
-            inner += parts
-        if inner:
-            events.append(complete(f"all_reduce {s.algorithm}", "collective", node, 0.0, now * 1e6,
-                                   {"sequence": sequence, "algorithm": s.algorithm, "bytes": nbytes,
-                                    "workers": s.workers, "rounds": s.rounds}))
-            events += inner
+    now, inner = 0.0, []
+
+    def close(node, end):
+        events.append(complete(f"all_reduce {s.algorithm}", "collective", node, 0.0, end * 1e6,
+                               {"sequence": sequence, "algorithm": s.algorithm, "bytes": nbytes,
+                                "workers": s.workers, "rounds": s.rounds}))
+        events.extend(inner)
+
+    for k in range(len(steps)):
+        node, r = int(node_of[k]), int(round_of[k])
+        if k and node != node_of[k - 1]:
+            close(int(node_of[k - 1]), now)
+            now, inner = 0.0, []
+        start, ins, outs = now, incoming[k], outgoing[k]
+        got = max(float(received[k]), start)
+        done = max(got, float(sent[k]))
+        parts = [complete("send", "transfer", node, start * 1e6, 0.0,
+                          _args(t, i, int(t["dst"][i]), itemsize) | {"start_s": float(result.start[i]),
+                                                                      "sent_s": float(result.sent[i]),
+                                                                      "done_s": float(result.done[i])})
+                 for i in outs.tolist()]
+        if len(ins):
+            parts.append(complete("recv wait", "transfer", node, start * 1e6, (got - start) * 1e6,
+                                  _merged_args(t, ins, t["src"], itemsize)))
+        if done > got:
+            parts.append(complete("send wait", "transfer", node, got * 1e6, (done - got) * 1e6, {"round": r}))
+        if adds[k] or madds[k]:
+            reduced = ins[t["op"][ins] != COPY]
+            args = _merged_args(t, reduced, t["src"], itemsize) if adds[k] else {"round": r}
+            parts.append(complete("reduce" if adds[k] else "compute", "transfer", node, done * 1e6, work[k] * 1e6,
+                                  args | {"madds": int(madds[k])}))
+        now = done + float(work[k])
+        inner.append(complete(f"round {r}", "round", node, start * 1e6, (now - start) * 1e6, {"round": r}))
+        inner += parts
+    if len(steps):
+        close(int(node_of[-1]), now)
     events += _link_counters(result, s.nodes)
     return document(events, "simulated", algorithm=s.algorithm, bytes=nbytes, workers=s.workers,
                     topology=topo.name, time_s=result.time)
@@ -161,32 +193,44 @@ def _merged_args(t, ids, peers_of, itemsize) -> dict:
 
 def _link_counters(result, pid: int) -> list[dict]:
     """A counter track per busy directed link: the utilisation of its capacity, from each flow's
-    mean rate (its bytes over the time they took to leave) while it was on the link."""
+    mean rate (its bytes over the time they took to leave) while it was on the link: at every
+    start and end of a flow on the link, the sum of the rates of the flows on it."""
     s, topo = result.schedule, result.topology
     t = s.transfers
     busy = np.flatnonzero(result.channel_bytes)
     if not len(busy):
         return []
-    events = metadata(pid, "links")
     nbytes = t["count"].astype(float) * result.itemsize
     duration = result.sent - result.start
     rate = np.divide(nbytes, duration, out=np.zeros_like(nbytes), where=duration > 0)
-    capacity = topo.channel_capacity
     names = [topo.nodes[p].name for p in result.placement]
-    routes = {}
-    for i in range(len(t)):
-        pair = (int(t["src"][i]), int(t["dst"][i]))
-        if pair not in routes:
-            routes[pair] = topo.route(names[pair[0]], names[pair[1]])[0]
-    for c in busy.tolist():
-        on = np.array([c in routes[(int(t["src"][i]), int(t["dst"][i]))] for i in range(len(t))], dtype=bool)
-        times = np.unique(np.concatenate([result.start[on], result.sent[on]]))
-        name = result.channel_name(c)
-        for a in times.tolist():
-            active = on & (result.start <= a) & (result.sent > a)
-            value = float(min(1.0, rate[active].sum() / capacity[c])) if capacity[c] > 0 else 0.0
-            events.append({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": a * 1e6,
-                           "args": {"utilisation": round(value, 6)}})
+    pair = t["src"].astype(np.int64) * s.nodes + t["dst"]
+    unique, inverse = np.unique(pair, return_inverse=True)
+    flows, channels = [], []           # (transfer, channel) for every hop of every transfer
+    for u, p in enumerate(unique.tolist()):
+        hops = topo.route(names[p // s.nodes], names[p % s.nodes])[0]
+        members = np.flatnonzero(inverse == u)
+        for ch in hops:
+            flows.append(members)
+            channels.append(np.full(len(members), ch))
+    flow, channel = np.concatenate(flows), np.concatenate(channels)
+    events = metadata(pid, "links")
+    for ch in busy.tolist():
+        on = flow[channel == ch]
+        times = np.concatenate([result.start[on], result.sent[on]])
+        change = np.concatenate([rate[on], -rate[on]])
+        order = np.lexsort((change, times))           # at one instant, ends before starts
+        level = np.cumsum(change[order])
+        at, last = np.unique(times), None
+        ends = np.searchsorted(times[order], at, side="right") - 1   # the level after every change at that time
+        capacity = topo.channel_capacity[ch]
+        name = result.channel_name(ch)
+        for a, value in zip(at.tolist(), level[ends].tolist()):
+            u = round(float(min(1.0, max(0.0, value / capacity))), 6) if capacity > 0 else 0.0
+            if u != last:
+                events.append({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": a * 1e6,
+                               "args": {"utilisation": u}})
+                last = u
     return events
 
 
