@@ -216,3 +216,23 @@ def test_a_rank_tracing_alone_gets_a_mismatch_not_a_hang():
 def test_a_simulated_trace_too_large_to_write_is_refused_before_simulating():
     with pytest.raises(ConfigError, match="ring on 600 workers has 718800 \\(worker, round\\) steps, more than 250000"):
         trace.check_size(algorithms.build("ring", 600, 600))
+
+
+@pytest.mark.slow
+def test_a_training_trace_holds_every_bucket_and_the_bytes_the_meter_counts():
+    from gradsync.training.train import TrainConfig, train
+
+    from gradsync.training import data, models
+
+    cfg = TrainConfig(algorithm="halving_doubling", epochs=1)
+    result = train(2, cfg, trace=True)
+    doc = result["trace"]
+    trace.validate(doc)
+    calls = trace.collectives(doc)
+    by_rank = [[c for c in calls if c["pid"] == r] for r in range(2)]
+    steps = len(list(data.batches(len(data.digits(cfg.seed).y_train), cfg.batch_size, 0, cfg.seed)))
+    model_bytes = 4 * sum(p.numel() for p in models.build(cfg.model, cfg.seed).parameters())
+    assert len(by_rank[0]) == len(by_rank[1]) == steps                # one bucket: the whole model is small
+    assert all(c["args"]["bytes"] == model_bytes for c in calls)
+    sent = sum(e["args"]["bytes"] for c in by_rank[0] for e in c["events"] if e["name"] == "send")
+    assert sent == result["history"][0]["bytes_per_worker"]       # as the hook's meter counts from the schedule

@@ -727,6 +727,8 @@ def serve(host, port):
 @click.option("--link-latency", default=None, help="Emulated link latency (needs tc netem in the kernel).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw accuracy and time per epoch (against an exact ring run) to this PNG.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of every bucket's all-reduce (ui.perfetto.dev), a track per rank.")
 @click.option("--elastic", is_flag=True,
               help="Run on torchrun's elastic agents: survive lost workers, admit replacements.")
 @click.option("--min-workers", type=click.IntRange(min=1), default=None,
@@ -735,7 +737,7 @@ def serve(host, port):
               help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, elastic, min_workers, kill_every, fmt):
+          link_bandwidth, link_latency, plot, trace_path, elastic, min_workers, kill_every, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -745,6 +747,10 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
     if plot:
         _writable(plot, "--plot")
+    if trace_path:
+        _writable(trace_path, "--trace")
+        if elastic:
+            raise click.UsageError("--elastic does not combine with --trace")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
     cfg.check(workers)
     if elastic:
@@ -755,7 +761,9 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         algorithms.build(algorithm, workers, 1, dtype="float32", **cfg.options())   # not in every worker
     progress = fmt == "table" and sys.stderr.isatty()
     with _links(workers, link_bandwidth, link_latency) as network:
-        result = run_training(workers, cfg, progress, network)
+        result = run_training(workers, cfg, progress, network, trace=bool(trace_path))
+        if trace_path:
+            _write_json(result.pop("trace"), trace_path, "--trace")
         runs = {algorithm: result}
         if plot and algorithm != "ring":
             import dataclasses
@@ -784,6 +792,8 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _print_table(headers, rows)
         if plot:
             click.echo(f"plot written to {plot}")
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
     _emit(fmt, result, render)
 
