@@ -35,14 +35,15 @@ ENV = "GRADSYNC_FLIGHT_DIR"
 class Entry:
     """One collective as the recorder keeps it; the collective updates ``phase`` and ``round``."""
 
-    __slots__ = ("sequence", "group", "rank", "size", "algorithm", "elements", "itemsize", "dtype", "rounds",
+    __slots__ = ("sequence", "group", "rank", "size", "schedule", "itemsize", "dtype",
                  "phase", "round", "started", "ended", "error", "peer", "transport")
 
     def as_dict(self) -> dict:
-        waiting = getattr(self.transport, "waiting_for", None) if self.phase not in ("done",) else None
+        waiting = getattr(self.transport, "waiting_for", None) if self.phase != "done" else None
+        s = self.schedule
         return {"sequence": self.sequence, "group": self.group, "rank": self.rank, "size": self.size,
-                "algorithm": self.algorithm, "bytes": self.elements * self.itemsize,
-                "dtype": str(self.dtype).removeprefix("torch."), "rounds": self.rounds, "phase": self.phase,
+                "algorithm": s.algorithm, "bytes": s.elements * self.itemsize,
+                "dtype": str(self.dtype).removeprefix("torch."), "rounds": s.rounds, "phase": self.phase,
                 "round": self.round, "started": self.started, "ended": self.ended, "error": self.error,
                 "error_peer": self.peer,
                 "waiting_on": None if waiting is None else {"peer": waiting.peer, "kind": waiting.kind}}
@@ -59,29 +60,27 @@ class FlightRecorder:
 
     def begin(self, collective) -> Entry:
         """A collective starts (called by it): its entry, phase "agree" or "run"."""
-        transport, schedule = collective.transport, collective.schedule
+        transport = collective.transport
         flat = collective.buffers[transport.rank]
         e = Entry()
         e.group = getattr(transport, "group_key", "default")
+        e.rank, e.size, e.transport, e.schedule = transport.rank, transport.size, transport, collective.schedule
+        e.itemsize, e.dtype, e.phase, e.round = flat.element_size(), flat.dtype, "run", -1
+        e.started, e.ended, e.error, e.peer = time.time(), None, None, None
         with self._lock:
             e.sequence = self._sequences[e.group] = self._sequences.get(e.group, 0) + 1
             self._entries.append(e)
-        e.rank, e.size, e.transport = transport.rank, transport.size, transport
-        e.algorithm, e.elements, e.itemsize, e.dtype = schedule.algorithm, schedule.elements, flat.element_size(), flat.dtype
-        e.rounds, e.phase, e.round = schedule.rounds, "run", -1
-        e.started, e.ended, e.error, e.peer = time.time(), None, None, None
         return e
 
     def end(self, entry: Entry, error: BaseException | None = None) -> str | None:
         """The collective ended; on a PeerError or MismatchError, write the record (if a
         directory is set) and return its path."""
+        entry.ended = time.time()
+        if error is None:
+            entry.phase, entry.transport = "done", None       # the transport is kept only to say whom it waited on
+            return None
         from ..errors import MismatchError, PeerError
 
-        entry.ended = time.time()
-        entry.transport = entry.transport if error is not None else None    # kept only to say whom it waited on
-        if error is None:
-            entry.phase = "done"
-            return None
         entry.phase, entry.error = "failed", f"{type(error).__name__}: {error}"
         entry.peer = getattr(error, "peer", None)
         if isinstance(error, (PeerError, MismatchError)):
