@@ -230,7 +230,9 @@ class _Done:
         return future
 
 
-def run_all_reduce(tensor, algorithm, op, transport, deadline, check=True, check_finite=False, options=None):
+def run_all_reduce(tensor, algorithm, op, transport, deadline, check=True, check_finite=False, options=None,
+                   trace=None):
     """Prepare and run an all-reduce to the end in this thread (engines without a progress
     thread of their own, e.g. MPI); return the tensor."""
-    return prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options).start(inline=True).wait()
+    return prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options,
+                   trace).start(inline=True).wait()
