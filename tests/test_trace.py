@@ -123,12 +123,13 @@ def test_tracing_several_collectives_keeps_them_apart_and_bounded():
     doc = traced_group(3, "ring", 10, calls=4)
     calls = trace.collectives(doc)
     assert len(calls) == 12 and all(len(c["rounds"]) == 4 for c in calls)
-    small = Trace(limit=5)
+    small = Trace(limit=6)
     recorder = small.begin(0, {"algorithm": "ring"})
     for _ in range(10):
         recorder.event("send", 0, {"round": 0, "peer": 1, "bytes": 4})
+    small.begin(0, {"algorithm": "tree"}).event("send", 0, {"round": 0, "peer": 1, "bytes": 4})
     names = [e["name"] for e in small.to_dict()["traceEvents"] if e["ph"] == "X"]
-    assert small.dropped == 5 and names == ["all_reduce ring", "round 0"] + ["send"] * 5
+    assert small.dropped == 6 and names == ["all_reduce ring", "round 0"] + ["send"] * 5
 
 
 @pytest.mark.parametrize("event, needle", [

@@ -39,8 +39,8 @@ class Trace:
     """This rank's record of the collectives it ran with ``trace=`` this object.
 
     ``to_dict()`` gives a Chrome trace (ui.perfetto.dev) of this rank on rank 0's clock;
-    ``save(path)`` writes it. ``limit`` bounds the events kept (later ones are counted in
-    ``dropped``), so a trace left on in a long loop does not grow without end.
+    ``save(path)`` writes it. ``limit`` bounds the collectives and events kept together (later
+    events are counted in ``dropped``), so a trace left on in a long loop does not grow without end.
     """
 
     def __init__(self, limit: int = EVENT_LIMIT):
@@ -62,12 +62,14 @@ class Trace:
         """Start recording one collective (called by the collective); returns its recorder."""
         self.rank = rank
         with self._lock:
+            if len(self._collectives) + len(self._events) >= self.limit:
+                return Recorder(self, None)      # full: its events are counted as dropped
             self._collectives.append({"info": info, "t0": now_ns(), "t1": None})
             index = len(self._collectives) - 1
         return Recorder(self, index)
 
     def _add(self, event: tuple) -> None:
-        if len(self._events) < self.limit:
+        if event[0] is not None and len(self._collectives) + len(self._events) < self.limit:
             self._events.append(event)
         else:
             self.dropped += 1
@@ -121,12 +123,13 @@ class Trace:
         with self._lock:
             collectives, events = list(self._collectives), list(self._events)
         out = fmt.metadata(rank, f"rank {rank}") + fmt.metadata(rank, "collective", tid=0)
-        per = [[] for _ in collectives]
+        per, last = [[] for _ in collectives], [c["t0"] for c in collectives]
         for index, name, t0, t1, args in events:
             per[index].append(fmt.complete(name, "transfer", rank, us(t0), (t1 - t0) / 1000.0, args))
-        for index, (c, inner) in enumerate(zip(collectives, per)):
+            last[index] = max(last[index], t1)
+        for c, inner, end in zip(collectives, per, last):
             if c["t1"] is None:      # still running, or ended by an error: up to its last event
-                c = {**c, "t1": max([c["t0"]] + [e[3] for e in events if e[0] == index])}
+                c = {**c, "t1": end}
             out.append(fmt.complete(f"all_reduce {c['info'].get('algorithm')}", "collective", rank, us(c["t0"]),
                                     (c["t1"] - c["t0"]) / 1000.0, c["info"]))
             out += fmt.round_slices(inner, rank, us(c["t1"]))
@@ -162,6 +165,7 @@ class Recorder:
 
     def end(self, transport, deadline: float) -> None:
         """The collective is done; on the first one, measure the clock offset."""
-        self.trace._collectives[self.index]["t1"] = now_ns()
+        if self.index is not None:
+            self.trace._collectives[self.index]["t1"] = now_ns()
         if not self.trace.synced:
             self.trace.sync(transport, deadline)
