@@ -89,6 +89,18 @@ def one_worker_topology(tmp_path):
     (["train", "--plot", "/nonexistent/dir/p.png"], ["'--plot'", "'/nonexistent/dir/p.png'"]),
     (["compare", "--algorithms", ""], ["'--algorithms'", "got ''"]),
     (["simulate", "-a", "cerar", "--dtype", "int32"], ["'cerar'", "float32 or float64", "got int32"]),
+    (["explain", "--size", "0"], ["'--size'", "got 0 B"]),
+    (["explain", "-t", "ethernet", "--workers", "5000"], ["got 5000", "expected 2..4096"]),
+    (["explain", "--algorithms", "ring,rign"], ["unknown algorithm 'rign'"]),
+    (["explain", "--measured", "/nonexistent/b.json"], ["'--measured'", "cannot read '/nonexistent/b.json'"]),
+    (["doctor", "/nonexistent/dir"], ["no directory '/nonexistent/dir'"]),
+    (["trace", "compare", "/nonexistent/a.json", "/nonexistent/b.json"], ["cannot read trace '/nonexistent/a.json'"]),
+    (["bench", "--trace", "/nonexistent/dir/t.json"], ["'--trace'", "no directory"]),
+    (["bench", "--trace", "t.json", "--backend", "mpi"], ["'--trace'", "not under mpirun or torchrun"]),
+    (["simulate", "-a", "ring", "--trace", "/nonexistent/dir/t.json"], ["'--trace'", "no directory"]),
+    (["train", "--trace", "t.json", "--elastic"], ["--elastic does not combine with --trace"]),
+    (["tune", "--plot", "t.jpg"], ["'--plot'", "must end in .png, got 't.jpg'"]),
+    (["bench", "--plot", "/nonexistent/dir/b.png"], ["'--plot'", "no directory"]),
 ])
 def test_careless_input_is_one_line_and_exit_code_2(args, needles):
     assert_one_line(run(*args), *needles)      # the stubs fail the test if a launch or calibration starts
@@ -222,6 +234,14 @@ def test_fuzz_compare(small_limits, topology, workers, size, dtype, names, compo
 def test_fuzz_simulate(small_limits, algorithm, topology, workers, size, dtype, options):
     pairs = [x for o in options for x in ("-o", o)]
     assert_answered(["simulate", "-a", algorithm, "-t", topology, *workers, *size, *dtype, *pairs, "--format", "json"])
+
+
+@FUZZ
+@given(topology=TOPOLOGIES, workers=optional("-n", WORKERS), size=optional("-s", SIZES),
+       dtype=optional("--dtype", DTYPES), names=optional("--algorithms", ALGORITHMS),
+       max_error=optional("--max-error", st.sampled_from(["0", "0.01", "0.5", "1", "x"])))
+def test_fuzz_explain(small_limits, topology, workers, size, dtype, names, max_error):
+    assert_answered(["explain", "-t", topology, *workers, *size, *dtype, *names, *max_error, "--format", "json"])
 
 
 @FUZZ

@@ -22,3 +22,36 @@ def test_bench_over_mpi_sums_exactly():
     for r in rows:
         assert r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6), r
         assert r["workers"] == 3 and r["time_s"] > 0
+
+
+TRACED = """
+import sys, torch
+from mpi4py import MPI
+from gradsync.runtime.mpi import all_reduce
+from gradsync.runtime.tracing import Trace
+t = Trace()
+for _ in range(2):
+    all_reduce(torch.ones(999), algorithm="halving_doubling", trace=t)
+t.save(f"{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}.json")
+"""
+
+
+@pytest.mark.slow
+def test_traces_over_mpi_merge_into_one_on_rank_0s_clock(tmp_path):
+    import os
+
+    from gradsync import algorithms, trace
+    from gradsync.simulate import simulate
+    from gradsync.topology import preset
+
+    (tmp_path / "traced.py").write_text(TRACED)
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+                          sys.executable, str(tmp_path / "traced.py"), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    doc = trace.merge([trace.load(tmp_path / f"rank{r}.json") for r in range(3)])
+    expected = trace.from_simulation(simulate(algorithms.build("halving_doubling", 3, 999), preset("ethernet", 3)))
+    assert trace.structure(doc, 1) == trace.structure(expected)
+    for info in doc["otherData"]["gradsync"]["ranks"]:     # one machine, one clock: Cristian's bound
+        assert abs(info["offset_ns"]) <= info["rtt_ns"] / 2 + 1000

@@ -124,6 +124,15 @@ def _steps(total, label):
 OPTION_LIMITS = {"components": MAX_COMPONENTS, "segments": 4096}   # larger ones take minutes to build
 
 
+def _write_json(data, path, option):
+    """Write ``data`` as JSON; one line naming ``option`` if the file cannot be written."""
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror}", param_hint=f"'{option}'")
+
+
 def _parse_options(pairs) -> dict:
     options = {}
     for pair in pairs:
@@ -274,11 +283,15 @@ def compare(topology, size, workers, dtype, names, components, fmt):
               help="Algorithm option, e.g. -o segments=16 (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the result with its timeline of transfers as JSON.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace (ui.perfetto.dev): a track per worker, a utilisation counter per busy link.")
 @format_option
-def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, fmt):
-    """Simulate one all-reduce on a topology; optionally write its timeline as JSON."""
+def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, fmt):
+    """Simulate one all-reduce on a topology; optionally write its timeline as JSON or a trace."""
     if out:
         _writable(out, "--out")
+    if trace_path:
+        _writable(trace_path, "--trace")
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
     elements = _elements(size, dtype)
@@ -286,7 +299,11 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
     options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
     step = _steps(1, "simulate")
     step(f"{algorithm} on {n} workers")
-    result = simulate(algorithms.build(algorithm, n, elements, dtype=dtype, **options), topo, itemsize)
+    schedule = algorithms.build(algorithm, n, elements, dtype=dtype, **options)
+    if trace_path:
+        from .trace import check_size
+        check_size(schedule)          # before a long simulation
+    result = simulate(schedule, topo, itemsize)
     step(None)
     summary = result.to_dict(timeline=False)
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
@@ -296,6 +313,9 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
                 json.dump(result.to_dict(timeline=True), fh)
         except OSError as exc:
             raise click.BadParameter(f"cannot write {out!r}: {exc.strerror}", param_hint="'--out'")
+    if trace_path:
+        from .trace import from_simulation
+        _write_json(from_simulation(result), trace_path, "--trace")
 
     def render(s):
         click.echo(f"{algorithm} on {topo.name}, {n} workers, {format_size(s['bytes'])}: "
@@ -304,6 +324,8 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
                      [[l["channel"], format_size(l["bytes"]), format_time(l["busy_s"])] for l in s["links"][:5]])
         if out:
             click.echo(f"timeline written to {out}")
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
     _emit(fmt, summary, render)
 
@@ -316,9 +338,12 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, f
 @click.option("--max-size", type=Size(), default="1GB", show_default=True)
 @click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
               help="Allow CERAR designs whose predicted relative error is within this budget.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw predicted time against size per algorithm, crossovers marked, to this PNG.")
 @format_option
-def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
+def tune(topology, workers, dtype, min_size, max_size, max_error, plot, fmt):
     """Print the fastest algorithm per message size and the sizes where the choice changes."""
+    _png(plot)
     topo = _topology(topology, workers, TUNED)
     if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
         raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
@@ -334,6 +359,9 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
                              dtype=dtype if dtype in ("float32", "float64") else "float32")
     out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows,
            "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
+    if plot:
+        from .plots import tune_plot
+        tune_plot(rows, out["crossovers"], plot, f"{topo.name}, {len(topo.workers)} workers, {dtype}: predicted time")
 
     def render(o):
         click.echo(f"{topo.name}: {topo.description}; {o['workers']} workers")
@@ -344,8 +372,89 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, fmt):
                       for r in rows])
         for c in o["crossovers"]:
             click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
+        if plot:
+            click.echo(f"plot written to {plot}")
 
     _emit(fmt, out, render)
+
+
+@main.command("explain")
+@topology_option
+@click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Message size, e.g. 64MB.")
+@workers_option
+@dtype_option
+@click.option("--algorithms", "names", default=None,
+              help="Comma-separated candidates (default: the ones auto weighs, every exact one).")
+@click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
+              help="Weigh CERAR designs whose predicted relative error is within this budget, as tune does.")
+@click.option("--measured", type=click.Path(dir_okay=False), default=None,
+              help="Rows of 'gradsync bench --format json' (after calibrate): measured time beside each prediction.")
+@format_option
+def explain_cmd(topology, size, workers, dtype, names, max_error, measured, fmt):
+    """Why auto picks what it picks: every candidate's predicted time split into latency, bandwidth,
+    reduction and codec terms, its bottleneck link, the winner and its margin."""
+    from .explain import explain
+
+    topo = _topology(topology, workers, TUNED)
+    if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
+        raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
+                                 param_hint="'--max-error'")
+    n, itemsize = len(topo.workers), DTYPES[dtype]
+    elements = _elements(size, dtype)
+    rows = _bench_rows(measured) if measured else None
+    candidates = _affordable(_chosen(names, dtype), names, n) if names is not None else None
+    out = explain(topo, elements * itemsize, itemsize, n, candidates, max_error,
+                  dtype if dtype in ("float32", "float64") else "float32", rows)
+
+    def render(o):
+        click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(o['bytes'])} {dtype}")
+        headers = ["candidate", "predicted", "latency", "bandwidth", "reduction", "codec", "bottleneck link"]
+        if rows is not None:
+            headers.append("measured")
+        table = []
+        for r in sorted(o["candidates"], key=lambda r: r["predicted_s"]):
+            line = [r["candidate"], format_time(r["predicted_s"])] + \
+                [format_time(r[k]) for k in ("latency", "bandwidth", "reduction", "codec")] + \
+                [f"{r['bottleneck']} ({r['bottleneck_busy']:.0%} busy)" if r["bottleneck"] else "-"]
+            if rows is not None:
+                line.append("-" if r["measured_s"] is None else format_time(r["measured_s"]))
+            table.append(line)
+        _print_table(headers, table)
+        best = next(r for r in o["candidates"] if r["candidate"] == o["winner"])
+        click.echo(f"winner: {o['winner']}" + (f"; the next best, {o['runner_up']}, is predicted {o['margin']:.1%} slower"
+                                              if o["margin"] is not None else "")
+                   + f"; its time is mostly {o['winner_dominant_term']} "
+                     f"({best[o['winner_dominant_term']] / (best['closed_form'] or 1):.0%} of its closed form)")
+        click.echo(f"predicted: the {best['predicted_by']}'s time, as tune compares; the terms split the closed form, "
+                   f"which matches the simulator where every pair of workers meets through one switch (there auto "
+                   f"uses it)")
+
+    _emit(fmt, out, render)
+
+
+def _bench_rows(path):
+    """Bench rows from a 'bench --format json' file; one line naming the file if it is not one."""
+    try:
+        with open(path) as fh:
+            rows = json.load(fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}", param_hint="'--measured'")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path!r} is not JSON: {exc}", param_hint="'--measured'")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"algorithm", "bytes", "time_s"} <= set(r)
+                                             for r in rows):
+        raise click.BadParameter(f"{path!r} is not the output of 'gradsync bench --format json' (a list of rows "
+                                 f"with algorithm, bytes and time_s)", param_hint="'--measured'")
+    return rows
+
+
+def _png(path, option="--plot"):
+    """Refuse, before any work, a plot path that is not a writable .png: ``_png("a.png")``."""
+    if path is None:
+        return
+    if not path.endswith(".png"):
+        raise click.BadParameter(f"must end in .png, got {path!r}", param_hint=f"'{option}'")
+    _writable(path, option)
 
 
 def _ladder(lo, hi):
@@ -400,14 +509,29 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
               help="A topology (e.g. from 'gradsync calibrate') to print the simulator's prediction beside each row.")
 @click.option("--link-bandwidth", default=None,
               help="Emulate slow links (e.g. 100Mbit): each worker in its own network namespace (root).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of every gradsync collective (ui.perfetto.dev): a track per rank, "
+                   "slices per collective, round and transfer, clocks aligned.")
+@click.option("--flight-dir", type=click.Path(file_okay=False), default=None,
+              help="Where each rank writes its flight record on a failure or SIGUSR1 (read it with 'gradsync doctor').")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw busbw against size per algorithm (native included) to this PNG.")
 @format_option
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
-          link_bandwidth, fmt):
+          link_bandwidth, trace_path, flight_dir, plot, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
+    _png(plot)
+    if trace_path:
+        _writable(trace_path, "--trace")
+        if backend == "mpi" or "RANK" in os.environ:
+            raise click.BadParameter("traces are written for local workers on the torch backend, not under "
+                                     "mpirun or torchrun", param_hint="'--trace'")
     chosen = _chosen(names, dtype)
+    if flight_dir:                        # the workers inherit it
+        os.environ["GRADSYNC_FLIGHT_DIR"] = os.path.abspath(flight_dir)
     options = {a: {"components": components} for a in chosen
                if components and "components" in algorithms.get(a).options}
     byte_sizes = _sizes(sizes, min_size, max_size, dtype)
@@ -422,7 +546,13 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         where = f"{workers} ranks started by torchrun, Gloo"
     else:
         with _links(workers, link_bandwidth) as network:
-            rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600, network=network)[0]
+            results = run(bench_mod.worker, workers, *args, None, bool(trace_path), timeout=timeout * 4 + 600,
+                          network=network)
+        rows = results[0]
+        if trace_path:
+            from .trace import merge
+            rows = results[0]["rows"]
+            _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
                  else f"{workers} local workers, Gloo over 127.0.0.1")
         if link_bandwidth:
@@ -440,6 +570,9 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
             r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
             r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+    if plot:
+        from .plots import bench_plot
+        bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
 
     def render(rows):
         click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
@@ -455,6 +588,10 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                 line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
             table.append(line)
         _print_table(headers, table)
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
+        if plot:
+            click.echo(f"plot written to {plot}")
 
     _emit(fmt, rows, render)
 
@@ -590,6 +727,8 @@ def serve(host, port):
 @click.option("--link-latency", default=None, help="Emulated link latency (needs tc netem in the kernel).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw accuracy and time per epoch (against an exact ring run) to this PNG.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of every bucket's all-reduce (ui.perfetto.dev), a track per rank.")
 @click.option("--elastic", is_flag=True,
               help="Run on torchrun's elastic agents: survive lost workers, admit replacements.")
 @click.option("--min-workers", type=click.IntRange(min=1), default=None,
@@ -598,7 +737,7 @@ def serve(host, port):
               help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, elastic, min_workers, kill_every, fmt):
+          link_bandwidth, link_latency, plot, trace_path, elastic, min_workers, kill_every, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -608,6 +747,10 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
     if plot:
         _writable(plot, "--plot")
+    if trace_path:
+        _writable(trace_path, "--trace")
+        if elastic:
+            raise click.UsageError("--elastic does not combine with --trace")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
     cfg.check(workers)
     if elastic:
@@ -618,7 +761,9 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         algorithms.build(algorithm, workers, 1, dtype="float32", **cfg.options())   # not in every worker
     progress = fmt == "table" and sys.stderr.isatty()
     with _links(workers, link_bandwidth, link_latency) as network:
-        result = run_training(workers, cfg, progress, network)
+        result = run_training(workers, cfg, progress, network, trace=bool(trace_path))
+        if trace_path:
+            _write_json(result.pop("trace"), trace_path, "--trace")
         runs = {algorithm: result}
         if plot and algorithm != "ring":
             import dataclasses
@@ -647,6 +792,8 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _print_table(headers, rows)
         if plot:
             click.echo(f"plot written to {plot}")
+        if trace_path:
+            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
     _emit(fmt, result, render)
 
@@ -679,6 +826,62 @@ def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
                    f"{r['final']['world_size']} workers")
 
     _emit(fmt, result, render)
+
+
+@main.command()
+@click.argument("directory", type=click.Path())
+@format_option
+def doctor(directory, fmt):
+    """Read every rank's flight record in DIRECTORY (GRADSYNC_FLIGHT_DIR) and say in one paragraph
+    what happened: who stopped first, the collective in flight, where each rank was."""
+    from .doctor import diagnose, read
+
+    out = diagnose(read(directory))
+    _emit(fmt, out, lambda o: click.echo(o["paragraph"]))
+
+
+@main.group("trace")
+def trace_group():
+    """Read Chrome traces written by bench --trace, simulate --trace and all_reduce(trace=...)."""
+
+
+@trace_group.command("compare")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.argument("simulated", type=click.Path(dir_okay=False))
+@format_option
+def trace_compare(measured, simulated, fmt):
+    """Per round, measured time (median over ranks and calls) against the simulator's, and where
+    the gap is largest. MEASURED: a bench --trace file; SIMULATED: a simulate --trace file of the
+    same algorithm and size (with a calibrated topology, to compare with this machine)."""
+    from .trace import compare, load
+
+    out = compare(load(measured), load(simulated))
+
+    def render(o):
+        click.echo(f"{o['algorithm']}, {format_size(o['bytes'])}: measured {format_time(o['measured_total_s'])} "
+                   f"over its rounds, simulated {format_time(o['predicted_total_s'])}")
+        _print_table(["round", "measured", "simulated", "gap", "error"],
+                     [[r["round"], "-" if r["measured_s"] is None else format_time(r["measured_s"]),
+                       "-" if r["predicted_s"] is None else format_time(r["predicted_s"]),
+                       "-" if r["gap_s"] is None else ("+" if r["gap_s"] >= 0 else "-") + format_time(abs(r["gap_s"])),
+                       "-" if r["error"] is None else f"{r['error']:+.0%}"] for r in o["rounds"]])
+        if o["largest_gap_round"] is not None:
+            click.echo(f"largest gap: round {o['largest_gap_round']}; median error over rounds "
+                       f"{o['median_abs_error']:.0%}")
+
+    _emit(fmt, out, render)
+
+
+@trace_group.command("merge")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="The merged trace to write.")
+def trace_merge(traces, out):
+    """Join the ranks' trace files (Trace.save on each rank) into one."""
+    from .trace import load, merge
+
+    _writable(out, "--out")
+    _write_json(merge([load(t) for t in traces]), out, "--out")
+    click.echo(f"{len(traces)} traces merged into {out}")
 
 
 @main.command("list")

@@ -98,3 +98,43 @@ def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, ite
     spec = algorithms.get(algorithm)
     spec.check_options(options)
     return spec.cost(workers, nbytes, net_for(topology, workers, options), itemsize=itemsize, **options)
+
+
+TERMS = {"latency": ("alpha", "host_alpha"), "bandwidth": ("beta", "host_beta", "ring_betas"),
+         "reduction": ("gamma", "host_gamma"), "codec": ("mu",)}
+
+
+def terms(algorithm: str, topology: Topology, workers: int, nbytes: float, itemsize: int = 4,
+          **options) -> dict:
+    """``predict``'s time split into its latency (alpha), bandwidth (beta), reduction (gamma)
+    and codec (mu) terms: the algorithm's closed form with only that parameter kept. The
+    closed forms are sums of the four, so the terms add up to ``closed_form``; one that takes
+    the slowest of several paths (several rings of different speeds) does not split exactly,
+    and ``overlap`` (closed form minus the terms) says by how much.
+
+    >>> from gradsync.topology import preset
+    >>> t = terms("ring", preset("ethernet", 4), 4, 4e6)
+    >>> round(t["latency"] * 1e6), round(t["latency"] + t["bandwidth"] + t["reduction"] + t["codec"], 9) == round(t["closed_form"], 9)
+    (120, True)
+    """
+    import dataclasses
+
+    if not options:
+        options = default_options(algorithm, topology, workers)
+    spec = algorithms.get(algorithm)
+    spec.check_options(options)
+    net = net_for(topology, workers, options)
+
+    def only(kept):
+        zeroed = {}
+        for f in dataclasses.fields(net):
+            value = getattr(net, f.name)
+            if f.name in kept or value is None:
+                continue
+            zeroed[f.name] = tuple(0.0 for _ in value) if isinstance(value, tuple) else 0.0
+        return dataclasses.replace(net, **zeroed)
+
+    out = {name: spec.cost(workers, nbytes, only(fields), itemsize=itemsize, **options) for name, fields in TERMS.items()}
+    out["closed_form"] = spec.cost(workers, nbytes, net, itemsize=itemsize, **options)
+    out["overlap"] = out["closed_form"] - sum(out[name] for name in TERMS)
+    return out

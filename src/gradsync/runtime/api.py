@@ -107,7 +107,7 @@ class Work:
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
-               check_finite: bool = False, async_op: bool = False, **options):
+               check_finite: bool = False, async_op: bool = False, trace=None, **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
     Like ``torch.distributed.all_reduce``: every rank calls it with a tensor of the same shape
@@ -122,7 +122,9 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     that failed; ``stall_warning`` seconds logs a warning naming the peer still awaited (a
     straggler) before that. ``check_finite`` adds to the agreement whether each rank's tensor
     is free of NaN and Inf: if one is not, every rank raises ``MismatchError`` naming it,
-    before anything is summed (off by default: it reads the tensor once more).
+    before anything is summed (off by default: it reads the tensor once more). ``trace``: a
+    ``gradsync.runtime.tracing.Trace`` to record the collective's rounds and transfers in (every
+    rank passes one, or none; the ranks agree on it).
 
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
 
@@ -139,7 +141,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     deadline = time.monotonic() + timeout
     transport = DistributedTransport(group, stall_warning)
     try:
-        collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options)
+        collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options, trace)
     except BaseException:
         transport.close()
         raise
@@ -164,7 +166,7 @@ def check_call(tensor, op: str, timeout) -> float:
 
 
 def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite=False,
-            options=None) -> Collective:
+            options=None, trace=None) -> Collective:
     """The engine-independent part of an all-reduce: choose, compile (cached), and set up the
     agreement; returns the ``Collective`` to start. Bad input raises here, before anything
     is posted.
@@ -184,6 +186,8 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     frozen_options = frozen(options)
     description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
                    "options": json.loads(frozen_options), "device": tensor.device.type}
+    if trace is not None:                  # a rank tracing alone would wait for a clock exchange
+        description["traced"] = True
     finite = True           # read before the collective starts: an approximate result must stay finite if this was
     if (check_finite or not spec.exact) and tensor.is_floating_point():
         finite = bool(torch.isfinite(tensor).all())
@@ -213,7 +217,7 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
         return _Done(tensor, transport)
     return Collective(compiled_.schedule, compiled_.plan, node_buffers(compiled_.schedule, transport.rank, flat),
                       transport, deadline, agreement, finish, salt=int.from_bytes(signature[:4], "little"),
-                      design=compiled_.design)
+                      design=compiled_.design, trace=trace)
 
 
 class _Done:
@@ -229,7 +233,9 @@ class _Done:
         return future
 
 
-def run_all_reduce(tensor, algorithm, op, transport, deadline, check=True, check_finite=False, options=None):
+def run_all_reduce(tensor, algorithm, op, transport, deadline, check=True, check_finite=False, options=None,
+                   trace=None):
     """Prepare and run an all-reduce to the end in this thread (engines without a progress
     thread of their own, e.g. MPI); return the tensor."""
-    return prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options).start(inline=True).wait()
+    return prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options,
+                   trace).start(inline=True).wait()

@@ -107,10 +107,16 @@ class MpiEngine:
 
 
 def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, options, progress,
-           engine=None) -> list[dict]:
-    """One rank's part of the benchmark; rank 0 returns the rows."""
+           engine=None, trace: bool = False):
+    """One rank's part of the benchmark; rank 0 returns the rows. With ``trace``, every rank
+    returns ``{"rows": rows, "trace": its Chrome trace}`` (gradsync's collectives traced, not
+    the native row)."""
     torch.set_num_threads(1)
     engine = engine or TorchEngine()
+    tracer = None
+    if trace:
+        from .tracing import Trace
+        tracer = Trace()
     dtype = DTYPES[dtype_name]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows, total = [], len(sizes) * (len(names) + 1)
@@ -121,7 +127,8 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
         names_here = [NATIVE] + list(names)
         bufs = {name: mine.clone() for name in names_here}
         calls = {name: engine.native(bufs[name]) if name == NATIVE else
-                 engine.ours(name, bufs[name], timeout, options.get(name, {})) for name in names_here}
+                 engine.ours(name, bufs[name], timeout, {**options.get(name, {}), **({"trace": tracer} if tracer else {})})
+                 for name in names_here}
         times = time_in_blocks(calls, iters or default_iters(nbytes), engine.barrier,
                                before=lambda name: bufs[name].copy_(mine))
         scale = reference.abs().max().item() or 1.0
@@ -138,6 +145,8 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
                 bar(f"{name} {nbytes} B")
     if bar:
         bar(None)
+    if tracer is not None:
+        return {"rows": rows if rank == 0 else None, "trace": tracer.to_dict()}
     return rows if rank == 0 else None
 
 

@@ -26,6 +26,8 @@ import torch
 from ..plan import HOST_RANK, Plan
 from ..schedule import CODED, REDUCE, Schedule
 from .agree import Agreement
+from .flight import RECORDER
+from .tracing import now_ns
 
 SCRATCH_LIMIT_BYTES = 1 << 30
 
@@ -146,11 +148,14 @@ class Collective:
         salt: mixed into the tags so that ranks running different collectives cannot match
             each other's messages.
         design: the codec's design, for coded schedules (CERAR).
+        trace: a ``tracing.Trace`` recording this collective's events, or None (no cost).
     """
 
     def __init__(self, schedule: Schedule, plan: Plan, buffers: dict, transport, deadline: float,
-                 agreement: Agreement | None = None, finish=None, salt: int = 0, design=None):
+                 agreement: Agreement | None = None, finish=None, salt: int = 0, design=None, trace=None):
         self.schedule, self.plan, self.buffers, self.design = schedule, plan, buffers, design
+        self.trace = trace
+        self.flight = None            # this collective's flight recorder entry, once it runs
         self.transport, self.deadline, self.agreement, self.finish = transport, deadline, agreement, finish
         bits = max(0, min(8, 30 - plan.tag_bits))
         self._salt = (salt & ((1 << bits) - 1)) << plan.tag_bits
@@ -176,28 +181,46 @@ class Collective:
             if self.finish is not None:
                 result = self.finish(result)
         except BaseException as exc:       # the future carries it to whoever waits
+            if self.flight is not None:
+                RECORDER.end(self.flight, exc)     # writes the flight record on PeerError, MismatchError
             self.transport.close()
             future.set_exception(exc)
             return
+        RECORDER.end(self.flight)
         self.transport.close()
         future.set_result(result)
 
     def run(self) -> torch.Tensor:
         """Run the plan to the end in this thread; return the result tensor."""
+        self.flight = RECORDER.begin(self)
         if self.agreement is not None:
             self.agreement.post()
             if self.agreement.before_data:
+                self.flight.phase = "agree"
                 self._verify_agreement()
+                self.flight.phase = "run"
         flat = self.buffers.get(self.transport.rank)
+        rec = None if self.trace is None else self.trace.begin(self.transport.rank, self.describe())
         if self.schedule.codec is not None:
-            return self._run_coded(flat)
-        scratch = SCRATCH.take(flat.dtype, flat.device, self.plan.scratch) if self.plan.scratch else None
-        try:
-            self._run_exact(scratch)
-        finally:
-            if scratch is not None:
-                SCRATCH.give(scratch)
-        return flat
+            result = self._run_coded(flat, rec)
+        else:
+            scratch = SCRATCH.take(flat.dtype, flat.device, self.plan.scratch) if self.plan.scratch else None
+            try:
+                self._run_exact(scratch, rec)
+            finally:
+                if scratch is not None:
+                    SCRATCH.give(scratch)
+            result = flat
+        if rec is not None:
+            rec.end(self.transport, self.deadline)
+        return result
+
+    def describe(self) -> dict:
+        """What this collective is, for traces and the flight recorder."""
+        flat = self.buffers.get(self.transport.rank)
+        return {"algorithm": self.schedule.algorithm, "bytes": self.schedule.elements * flat.element_size(),
+                "dtype": str(flat.dtype).removeprefix("torch."), "workers": self.schedule.workers,
+                "rounds": self.schedule.rounds}
 
     # --- exact schedules -------------------------------------------------------------------
 
@@ -207,49 +230,67 @@ class Collective:
             return scratch[r.scratch:r.scratch + r.count]
         return self.buffers[r.node][r.offset:r.offset + r.count]
 
-    def _run_exact(self, scratch) -> None:
+    def _run_exact(self, scratch, rec=None) -> None:
         plan, transport, deadline = self.plan, self.transport, self.deadline
         sends, receives = {}, {}         # posted and not yet waited for: index -> handle
         applied = 0
+        itemsize = self.buffers[transport.rank].element_size() if rec is not None else 0
 
         def post(send_ids, receive_ids):
             ops = [("send", self._send_data(k), plan.sends[k].peer, plan.sends[k].tag | self._salt)
                    for k in send_ids]
             ops += [("recv", self._landing(j, scratch), plan.receives[j].peer, plan.receives[j].tag | self._salt)
                     for j in receive_ids]
+            t0 = now_ns() if rec is not None else 0
             handles = transport.post(ops)
+            if rec is not None and send_ids:
+                rec.spread("send", t0, [_args(plan.sends[k], itemsize) for k in send_ids])
             sends.update(zip(send_ids, handles[:len(send_ids)]))
             receives.update(zip(receive_ids, handles[len(send_ids):]))
 
         def wait_sends(ids):
             ready = [sends.pop(k) for k in ids if k in sends]
             if ready:
+                t0 = now_ns() if rec is not None else 0
                 transport.wait(ready, deadline)
+                if rec is not None:
+                    rec.event("send wait", t0, {"round": plan.sends[next(iter(ids))].round, "sends": len(ready)})
 
         def apply(upto):
             nonlocal applied
             while applied < upto:
                 self._verify_agreement()
                 j, r = applied, plan.receives[applied]
+                t0 = now_ns() if rec is not None else 0
                 transport.wait([receives.pop(j)], deadline)
+                if rec is not None:
+                    rec.event("recv wait", t0, _args(r, itemsize))
                 if r.scratch >= 0:
                     wait_sends(plan.after_sends[j])         # nobody still sends what this overwrites
+                    t0 = now_ns() if rec is not None else 0
                     target = self.buffers[r.node][r.offset:r.offset + r.count]
                     data = scratch[r.scratch:r.scratch + r.count]
                     target.add_(data) if r.op == REDUCE else target.copy_(data)
+                    if rec is not None:
+                        rec.event("reduce" if r.op == REDUCE else "copy", t0, _args(r, itemsize))
                 applied += 1
 
         post((), plan.first_posts)
+        flight = self.flight
         for step in plan.steps:
+            flight.round = step.round
             apply(step.applies)
             wait_sends(step.waits)
             if step.local:
                 post(step.sends, ())
                 wait_sends(list(sends))             # in-memory work writes what sends may read
+                t0 = now_ns() if rec is not None else 0
                 for x in step.local:
                     target = self.buffers[x.dst][x.offset:x.offset + x.count]
                     data = self.buffers[x.src][x.offset:x.offset + x.count]
                     target.add_(data) if x.op == REDUCE else target.copy_(data)
+                if rec is not None:
+                    rec.event("local", t0, {"round": step.round, "transfers": len(step.local)})
                 post((), step.posts)
             else:
                 post(step.sends, step.posts)
@@ -271,7 +312,7 @@ class Collective:
 
     # --- coded schedules (CERAR) -------------------------------------------------------------
 
-    def _run_coded(self, flat: torch.Tensor) -> torch.Tensor:
+    def _run_coded(self, flat: torch.Tensor, rec=None) -> torch.Tensor:
         """CERAR on the same plan: a step's packet piece is encoded from the piece received in
         the previous round, which the plan has waited for; receives land in the codec's buffers."""
         from ..coding import cerar
@@ -284,6 +325,17 @@ class Collective:
         rounds_received = sorted({r.round for r in plan.receives})
         sending, older, receives = [], [], {}   # this round's and the last round's (handle, packet)
         applied, current = 0, None
+        itemsize = flat.element_size() if rec is not None else 0
+
+        def decode(rnd):
+            t0 = now_ns() if rec is not None else 0
+            worker.received(rnd)
+            if rec is not None:
+                peers: dict = {}
+                for r in plan.receives:
+                    if r.round == rnd:
+                        peers[str(r.peer)] = peers.get(str(r.peer), 0) + r.count * itemsize
+                rec.event("reduce", t0, {"round": rnd, "bytes": sum(peers.values()), "peers": peers})
 
         def post_receives(ids):
             ops = [("recv", worker.receive(r.round)[r.offset:r.offset + r.count], r.peer, r.tag | self._salt)
@@ -291,29 +343,46 @@ class Collective:
             receives.update(zip(ids, transport.post(ops)))
 
         post_receives(plan.first_posts)
+        flight = self.flight
         for step in plan.steps:
+            flight.round = step.round
             while applied < step.applies:
                 self._verify_agreement()
+                t0 = now_ns() if rec is not None else 0
                 transport.wait([receives.pop(applied)], deadline)
+                if rec is not None:
+                    rec.event("recv wait", t0, _args(plan.receives[applied], itemsize))
                 applied += 1
             if step.round != current:              # packets are kept until sent: two rounds at most
                 current = step.round
                 transport.wait([h for h, _ in older], deadline)
                 older, sending = sending, []
                 if step.round - 1 in rounds_received:
-                    worker.received(step.round - 1)
+                    decode(step.round - 1)
             packets = [worker.packet(plan.sends[k].round, plan.sends[k].offset,
                                      plan.sends[k].offset + plan.sends[k].count) for k in step.sends]
+            t0 = now_ns() if rec is not None else 0
             handles = transport.post([("send", p, plan.sends[k].peer, plan.sends[k].tag | self._salt)
                                       for p, k in zip(packets, step.sends)])
+            if rec is not None and step.sends:
+                rec.spread("send", t0, [_args(plan.sends[k], itemsize) for k in step.sends])
             sending += zip(handles, packets)
             post_receives(step.posts)
         post_receives(plan.drain_posts)
-        transport.wait([receives.pop(j) for j in sorted(receives)] + [h for h, _ in older + sending], deadline)
+        t0 = now_ns() if rec is not None else 0
+        last = sorted(receives)
+        transport.wait([receives.pop(j) for j in last] + [h for h, _ in older + sending], deadline)
+        if rec is not None and last:      # waited for together: the wait is shared among them
+            rec.spread("recv wait", t0, [_args(plan.receives[j], itemsize) for j in last])
         self._verify_agreement()
         if rounds_received:
-            worker.received(rounds_received[-1])
+            decode(rounds_received[-1])
         return worker.result()
+
+
+def _args(piece, itemsize: int) -> dict:
+    """A transfer event's args: its round, peer and bytes."""
+    return {"round": piece.round, "peer": piece.peer, "bytes": piece.count * itemsize}
 
 
 def node_buffers(schedule: Schedule, rank: int, flat: torch.Tensor) -> dict[int, torch.Tensor]:

@@ -21,8 +21,10 @@ from .transport.mpi import MpiTransport
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", comm=None,
-               timeout: float = 60.0, check: bool = True, check_finite: bool = False, **options) -> torch.Tensor:
-    """``gradsync.all_reduce`` over MPI: in place, any algorithm or "auto" (CPU tensors).
+               timeout: float = 60.0, check: bool = True, check_finite: bool = False, trace=None,
+               **options) -> torch.Tensor:
+    """``gradsync.all_reduce`` over MPI: in place, any algorithm or "auto" (CPU tensors);
+    ``trace`` as there.
 
     Example, under ``mpirun -np 4 python script.py``::
 
@@ -33,4 +35,4 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", c
     if tensor.device.type != "cpu":
         raise ConfigError("the MPI engine takes CPU tensors")
     return run_all_reduce(tensor, algorithm, op, MpiTransport(comm), time.monotonic() + timeout, check,
-                          check_finite, options)
+                          check_finite, options, trace)

@@ -68,10 +68,10 @@ class SyncMeter:
     show), the bytes this worker sends (counted from the schedule), and for approximate
     algorithms the error against the exact average."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, workers: int):
+    def __init__(self, cfg: TrainConfig, rank: int, workers: int, trace=None):
         self.cfg, self.rank, self.workers = cfg, rank, workers
         self.approximate = not algorithms.get(cfg.algorithm).exact if cfg.algorithm != "auto" else False
-        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, **cfg.options())
+        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, trace=trace, **cfg.options())
         self.reset()
 
     def reset(self):
@@ -117,15 +117,19 @@ def _replica_spread(model) -> float:
     return spread.item()
 
 
-def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) -> list[dict] | None:
-    """One worker's training; rank 0 returns one row of metrics per epoch."""
+def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False, trace: bool = False):
+    """One worker's training; rank 0 returns one row of metrics per epoch. With ``trace``, every
+    rank returns ``{"history": rows or None, "trace": its Chrome trace of the buckets' all-reduces}``."""
     from torch.nn.parallel import DistributedDataParallel
+
+    from ..runtime.tracing import Trace
 
     torch.set_num_threads(1)
     split = data.digits(cfg.seed)
     model = models.build(cfg.model, cfg.seed)
     ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_mb)
-    meter = SyncMeter(cfg, rank, workers)
+    tracer = Trace() if trace else None
+    meter = SyncMeter(cfg, rank, workers, tracer)
     ddp.register_comm_hook(None, meter.hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=0.9)
     history, step = [], 0
@@ -169,6 +173,8 @@ def worker(rank: int, workers: int, cfg: TrainConfig, progress: bool = False) ->
             bar(f"epoch {row['epoch']}: loss {row['loss']:.3f}, accuracy {row['test_accuracy']:.3f}")
     if bar:
         bar(None)
+    if tracer is not None:
+        return {"history": history if rank == 0 else None, "trace": tracer.to_dict()}
     return history if rank == 0 else None
 
 
@@ -176,11 +182,17 @@ def _described(options: dict) -> str:
     return "".join(f", {k} {v}" for k, v in options.items())
 
 
-def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None) -> dict:
-    """Train on ``workers`` local processes; return the configuration and per-epoch history."""
+def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None, trace: bool = False) -> dict:
+    """Train on ``workers`` local processes; return the configuration and per-epoch history
+    (with ``trace``, also the ranks' Chrome traces merged, under "trace")."""
+    from ..trace import merge
+
     cfg.check(workers)
-    history = run(worker, workers, cfg, progress, timeout=cfg.timeout * 10 + 600, network=network)[0]
-    return {"workers": workers, "config": asdict(cfg), "history": history}
+    results = run(worker, workers, cfg, progress, trace, timeout=cfg.timeout * 10 + 600, network=network)
+    if trace:
+        return {"workers": workers, "config": asdict(cfg), "history": results[0]["history"],
+                "trace": merge([r["trace"] for r in results])}
+    return {"workers": workers, "config": asdict(cfg), "history": results[0]}
 
 
 def plot(runs: dict, path: str) -> None:

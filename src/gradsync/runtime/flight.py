@@ -1,0 +1,171 @@
+"""The flight recorder: the last collectives of this process, written out when one fails or hangs.
+
+Every collective this process runs leaves an entry in a bounded ring (``LIMIT``, the last 64):
+its sequence number in its group, algorithm, size, dtype, the phase it reached (agree, run,
+done, failed), the round, the peer it was waiting on, and when it started and ended. It costs
+an attribute write per step; nothing is written anywhere until one of these happens:
+
+- a collective ends in ``PeerError`` (a dead or stalled peer, a timeout) or ``MismatchError``;
+- the process receives SIGUSR1 (a hang: ``kill -USR1 <pid>`` on every rank, then read the files).
+
+Then, if a directory is set (``GRADSYNC_FLIGHT_DIR``, or ``configure(dir)``), the entries go to
+``<dir>/rank<r>.json``, one file per rank, and ``gradsync doctor <dir>`` reads them all.
+
+Example, in each rank::
+
+    gradsync.runtime.flight.configure("/tmp/flight")   # or GRADSYNC_FLIGHT_DIR=/tmp/flight
+    gradsync.all_reduce(grad)                           # a PeerError leaves /tmp/flight/rank<r>.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+LIMIT = 64
+ENV = "GRADSYNC_FLIGHT_DIR"
+
+
+class Entry:
+    """One collective as the recorder keeps it; the collective updates ``phase`` and ``round``."""
+
+    __slots__ = ("sequence", "group", "rank", "size", "schedule", "itemsize", "dtype",
+                 "phase", "round", "started", "ended", "error", "peer", "transport")
+
+    def as_dict(self) -> dict:
+        waiting = getattr(self.transport, "waiting_for", None) if self.phase != "done" else None
+        s = self.schedule
+        return {"sequence": self.sequence, "group": self.group, "rank": self.rank, "size": self.size,
+                "algorithm": s.algorithm, "bytes": s.elements * self.itemsize,
+                "dtype": str(self.dtype).removeprefix("torch."), "rounds": s.rounds, "phase": self.phase,
+                "round": self.round, "started": self.started, "ended": self.ended, "error": self.error,
+                "error_peer": self.peer,
+                "waiting_on": None if waiting is None else {"peer": waiting.peer, "kind": waiting.kind}}
+
+
+class FlightRecorder:
+    """The last ``limit`` collectives of this process (a ``deque``: the oldest fall out)."""
+
+    def __init__(self, limit: int = LIMIT):
+        self._entries: deque = deque(maxlen=limit)
+        self._sequences: dict = {}
+        self._lock = threading.Lock()
+        self.directory: str | None = None
+
+    def begin(self, collective) -> Entry:
+        """A collective starts (called by it): its entry, phase "agree" or "run"."""
+        transport = collective.transport
+        flat = collective.buffers[transport.rank]
+        e = Entry()
+        e.group = getattr(transport, "group_key", "default")
+        e.rank, e.size, e.transport, e.schedule = transport.rank, transport.size, transport, collective.schedule
+        e.itemsize, e.dtype, e.phase, e.round = flat.element_size(), flat.dtype, "run", -1
+        e.started, e.ended, e.error, e.peer = time.time(), None, None, None
+        with self._lock:
+            e.sequence = self._sequences[e.group] = self._sequences.get(e.group, 0) + 1
+            self._entries.append(e)
+        return e
+
+    def end(self, entry: Entry, error: BaseException | None = None) -> str | None:
+        """The collective ended; on a PeerError or MismatchError, write the record (if a
+        directory is set) and return its path."""
+        entry.ended = time.time()
+        if error is None:
+            entry.phase, entry.transport = "done", None       # the transport is kept only to say whom it waited on
+            return None
+        from ..errors import MismatchError, PeerError
+
+        entry.phase, entry.error = "failed", f"{type(error).__name__}: {error}"
+        entry.peer = getattr(error, "peer", None)
+        if isinstance(error, (PeerError, MismatchError)):
+            return self.dump(type(error).__name__)
+        return None
+
+    def entries(self) -> list[dict]:
+        with self._lock:
+            entries = list(self._entries)
+        return [e.as_dict() for e in entries]
+
+    def dump(self, reason: str, directory: str | None = None) -> str | None:
+        """Write this process's entries to ``<directory>/rank<r>.json`` (default: the configured
+        directory or GRADSYNC_FLIGHT_DIR); None when no directory is set or nothing was recorded."""
+        directory = directory or self.directory or os.environ.get(ENV)
+        entries = self.entries()
+        if not directory or not entries:
+            return None
+        rank, size = entries[-1]["rank"], entries[-1]["size"]
+        record = {"format": "gradsync.flight/1", "rank": rank, "size": size, "pid": os.getpid(),
+                  "host": socket.gethostname(), "reason": reason, "written": time.time(), "collectives": entries}
+        path = Path(directory) / f"rank{rank}.json"
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, path)            # a reader never sees half a file
+        except OSError:
+            return None                      # the recorder must not turn a failure into another
+        return str(path)
+
+
+RECORDER = FlightRecorder()
+_signal_installed = False
+
+
+def configure(directory: str | os.PathLike, on_signal: bool = True) -> None:
+    """Write flight records to ``directory`` on failures, and on SIGUSR1 when ``on_signal``
+    (installed only from the main thread, and only if SIGUSR1 has no handler yet).
+
+    Example: ``configure("/tmp/flight")``; then ``kill -USR1 <pid>`` writes /tmp/flight/rank<r>.json.
+    """
+    RECORDER.directory = str(directory)
+    if on_signal:
+        install_signal()
+
+
+def install_signal() -> bool:
+    """Dump the record on SIGUSR1, even while the main thread is blocked in a collective's wait:
+    the signal's byte reaches a watcher thread through the wakeup fd, which writes the files.
+    Returns whether it is installed (not from another thread, not over someone's handler)."""
+    global _signal_installed
+    if _signal_installed:
+        return True
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        return False
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(writer.fileno())
+    except ValueError:
+        return False
+    if previous != -1:                       # someone else (an event loop) owns the wakeup fd
+        signal.set_wakeup_fd(previous)
+        signal.signal(signal.SIGUSR1, lambda *_: RECORDER.dump("SIGUSR1"))
+    else:
+        signal.signal(signal.SIGUSR1, lambda *_: None)     # the watcher does the work
+
+        def watch():
+            while True:
+                data = reader.recv(64)
+                if not data:
+                    return
+                if signal.SIGUSR1 in data:
+                    RECORDER.dump("SIGUSR1")
+
+        threading.Thread(target=watch, name="gradsync-flight", daemon=True).start()
+        _keep.extend([reader, writer])
+    _signal_installed = True
+    return True
+
+
+_keep: list = []        # the socket pair lives as long as the process
+
+
+if os.environ.get(ENV):
+    install_signal()
