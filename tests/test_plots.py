@@ -25,7 +25,7 @@ def test_bench_plot_draws_busbw_against_size_per_algorithm(tmp_path):
 
 def test_tune_plot_from_the_cli_holds_every_candidate_and_the_crossovers(tmp_path):
     path = tmp_path / "t.png"
-    run = gradsync("tune", "-t", "lowbw-cluster", "--max-size", "64MB", "--plot", str(path), "--format", "json")
+    run = gradsync("tune", "-t", "ring", "-n", "16", "--max-size", "64MB", "--plot", str(path), "--format", "json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert out["crossovers"] and imread(path).shape[:2] == (550, 880)
