@@ -394,6 +394,9 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--components", "-c", type=click.IntRange(min=1), default=None,
               help="Components, for the algorithms that take them (CERAR; default 2N).")
 @click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
+@click.option("--transport", type=click.Choice(["gloo", "mpi", "shm", "auto"]), default="gloo", show_default=True,
+              help="What gradsync's rows run over: Gloo point-to-point, MPI (as --backend mpi), shared memory "
+                   "(local workers), or auto (shared memory when the workers share a host).")
 @click.option("--timeout", type=click.FloatRange(0, 1e6, min_open=True), default=60.0, show_default=True,
               help="Seconds before a stalled collective raises PeerError.")
 @click.option("--topology", "-t", default=None,
@@ -401,11 +404,21 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--link-bandwidth", default=None,
               help="Emulate slow links (e.g. 100Mbit): each worker in its own network namespace (root).")
 @format_option
-def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, transport, timeout, topology,
           link_bandwidth, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
+
+    if transport == "mpi":
+        backend = "mpi"
+    elif backend == "mpi" and transport != "gloo":
+        raise click.BadParameter(f"--transport {transport} runs on the torch backend, not mpi",
+                                 param_hint="'--transport'")
+    if link_bandwidth and transport in ("shm", "auto"):
+        raise click.BadParameter(f"--transport {transport} bypasses the emulated links: use gloo with "
+                                 "--link-bandwidth", param_hint="'--transport'")
+    engine = bench_mod.TorchEngine(transport)
 
     chosen = _chosen(names, dtype)
     options = {a: {"components": components} for a in chosen
@@ -416,15 +429,17 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     if backend == "mpi":
         rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
-        rows, workers = _bench_under_torchrun(bench_mod, args)
+        rows, workers = _bench_under_torchrun(bench_mod, args, engine)
         if rows is None:
             return
         where = f"{workers} ranks started by torchrun, Gloo"
     else:
         with _links(workers, link_bandwidth) as network:
-            rows = run(bench_mod.worker, workers, *args, timeout=timeout * 4 + 600, network=network)[0]
+            rows = run(bench_mod.worker, workers, *args, engine, timeout=timeout * 4 + 600, network=network)[0]
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
                  else f"{workers} local workers, Gloo over 127.0.0.1")
+        if rows and rows[-1]["transport"] == "shm":
+            where += "; gradsync's rows over shared memory"
         if link_bandwidth:
             limit = parse_bandwidth(link_bandwidth)
             for r in rows:
@@ -509,7 +524,7 @@ def _bench_mpi(workers, args, timeout, link_bandwidth):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _bench_under_torchrun(bench_mod, args):
+def _bench_under_torchrun(bench_mod, args, engine):
     """Run as one rank of the group torchrun started (env:// rendezvous); rank 0 gets the rows."""
     import datetime
 
@@ -518,7 +533,7 @@ def _bench_under_torchrun(bench_mod, args):
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args[4] * 4 + 600))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        return bench_mod.worker(rank, world, *args), world
+        return bench_mod.worker(rank, world, *args, engine), world
     finally:
         dist.destroy_process_group()
 
