@@ -39,6 +39,8 @@ import datetime
 import mmap
 import os
 import secrets
+import select
+import shutil
 import socket
 import threading
 import time
@@ -53,13 +55,17 @@ SHM_DIR = "/dev/shm"
 PREFIX = "gradsync-"
 MAGIC = 0x67726473686D3031          # "grdshm01"
 DATA_BUDGET = 512 << 20             # the most frame space one group's segment holds
+BELLS = ".bells"                    # the segment's directory of doorbells, one FIFO per rank
 NOTICES = 256                       # posted receives a channel can announce at once
-SPIN_S, YIELD_S, SLEEP_MAX_S = 50e-6, 1e-3, 500e-6
+SPIN_S = 50e-6                      # spin this long before blocking on the doorbell
+NAP_S = 2e-3                        # the longest block: bounds the cost of a missed ring
 CHECK_EVERY_S = 0.01                # liveness checks while blocked
 
 # control words (int64) of the segment
-_HEADER, _RANK_WORDS = 8, 8         # [magic, size, slot_bytes, slots, notices, failed rank]; per rank a cache line
-_PID, _START, _BLOCKED, _CLOSED = 0, 1, 2, 3
+_HEADER, _RANK_WORDS = 8, 8         # [magic, size, slot_bytes, slots, notices, failed, why]; per rank a cache line
+_PID, _START, _BLOCKED, _CLOSED, _SLEEPING = 0, 1, 2, 3, 4
+_FAILED, _WHY = 5, 6                # in the header: the failed rank (-1: none) and how
+_DIED, _LEFT, _SILENT = 1, 2, 3
 _DATA_TAIL, _DATA_HEAD, _NOTICE_TAIL, _NOTICE_HEAD, _QUEUES = 0, 8, 16, 24, 32   # one cache line each
 
 
@@ -117,8 +123,9 @@ def sweep(directory: str = SHM_DIR) -> list[str]:
         except ValueError:
             continue
         if _start_time(pid) is None:
+            path = os.path.join(directory, name)
             try:
-                os.unlink(os.path.join(directory, name))
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
                 removed.append(name)
             except OSError:
                 pass
@@ -130,8 +137,8 @@ class SharedGroup:
     the group on shared memory goes through it, one at a time (they share the group's
     progress engine). Made by ``shared_group``."""
 
-    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str):
-        self.rank, self.size, self.name, self.mm = rank, size, name, mm
+    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str, bells: list[int]):
+        self.rank, self.size, self.name, self.mm, self.bells = rank, size, name, mm, bells
         head = np.frombuffer(mm, dtype=np.int64, count=_HEADER)
         self.slot_bytes, self.slots, self.notices = int(head[2]), int(head[3]), int(head[4])
         self.channel_words = _QUEUES + 2 * self.notices + 4 * self.slots
@@ -199,10 +206,11 @@ class SharedGroup:
 
     def progress(self) -> bool:
         """Move whatever can move now, for every peer; return whether anything did."""
-        moved = False
+        any_moved = False
         ctl, me = self.ctl, self.rank
         for p in self.peers:
             inbound, outbound = self._channel(p, me), self._channel(me, p)
+            moved = False
             if self.to_announce[p]:
                 moved |= self._announce(p, inbound)
             if self.expecting[p] and self.data_head[p] < ctl[inbound + _DATA_TAIL]:
@@ -211,7 +219,14 @@ class SharedGroup:
                 moved |= self._read_notices(p, outbound)
             if self.active[p]:
                 moved |= self._send(p, outbound)
-        return moved
+            if moved:
+                any_moved = True
+                if ctl[self._rank_word(p, _SLEEPING)]:      # p blocks on its doorbell: ring it
+                    try:
+                        os.write(self.bells[p], b"\0")
+                    except BlockingIOError:                 # full: it has plenty to wake to
+                        pass
+        return any_moved
 
     def _announce(self, p: int, base: int) -> bool:
         ctl, queue = self.ctl, self.to_announce[p]
@@ -299,12 +314,13 @@ class SharedGroup:
         if self.failure is not None:
             raise self.failure
         started = time.monotonic()
-        idle_since, nap, next_check = started, 20e-6, started + CHECK_EVERY_S
+        idle_since, next_check = started, started + CHECK_EVERY_S
         blocked = False
+        sleeping = self._rank_word(self.rank, _SLEEPING)
         try:
             while True:
                 if self.progress():
-                    idle_since, nap = time.monotonic(), 20e-6
+                    idle_since = time.monotonic()
                 if all(op.done for op in pending):
                     return
                 now = time.monotonic()
@@ -322,45 +338,54 @@ class SharedGroup:
                     if error is not None and not self.progress():
                         self._fail(error)
                     next_check = now + CHECK_EVERY_S
-                if idle < YIELD_S:
-                    os.sched_yield()
-                else:
-                    time.sleep(nap)
-                    nap = min(SLEEP_MAX_S, nap * 2)
+                # block until a peer rings: say so, look once more, then wait on the doorbell
+                self.ctl[sleeping] = 1
+                if self.progress():
+                    idle_since = time.monotonic()
+                elif not all(op.done for op in pending):
+                    select.select([self.bells[self.rank]], [], [], max(0.0, min(NAP_S, next_check - now)))
+                self.ctl[sleeping] = 0
+                try:
+                    os.read(self.bells[self.rank], 4096)
+                except BlockingIOError:
+                    pass
         finally:
             if blocked:
                 self.ctl[self._rank_word(self.rank, _BLOCKED)] = -1
 
     def _check(self, op: _Op, deadline: float) -> PeerError | None:
-        """The group's failure if a peer died or left, or the deadline has passed."""
+        """The group's failure if a peer died or left, or the deadline has passed. The first
+        rank to see a failure records it in the segment, so every survivor names that rank
+        (not one that gave up on it first and left)."""
         ctl = self.ctl
         direction = "receive from" if op.kind == "recv" else "send to"
-        failed = int(ctl[5])
-        if failed < 0:
-            for r in self.peers:
-                if not self.alive(r):
-                    if int(ctl[5]) < 0:
-                        ctl[5] = r            # the first to see it; others name the same rank
-                    failed = int(ctl[5])
-                    break
-        if failed >= 0:
-            pid = int(ctl[self._rank_word(failed, _PID)])
-            how = "left the group" if ctl[self._rank_word(failed, _CLOSED)] else f"died (process {pid} is gone)"
-            return PeerError(f"rank {self.rank}: rank {failed} {how} while this rank waited to {direction} "
-                             f"rank {op.peer}", peer=failed, op=op.kind)
-        if time.monotonic() >= deadline:
-            culprit = self._end_of_chain(op.peer)
-            why = f" (rank {op.peer} waits for rank {culprit})" if culprit != op.peer else ""
-            return PeerError(f"rank {self.rank}: {direction} rank {op.peer} did not answer before the "
-                             f"timeout{why}", peer=culprit, op=op.kind)
-        return None
+        if ctl[_FAILED] < 0:
+            gone = next((r for r in self.peers if not self.alive(r)), None)
+            if gone is not None:
+                self._record(gone, _LEFT if ctl[self._rank_word(gone, _CLOSED)] else _DIED)
+            elif time.monotonic() >= deadline:
+                self._record(self._end_of_chain(op.peer), _SILENT)
+        if ctl[_FAILED] < 0:
+            return None
+        failed, why = int(ctl[_FAILED]), int(ctl[_WHY])
+        pid = int(ctl[self._rank_word(failed, _PID)])
+        how = {_LEFT: "left the group", _DIED: f"died (process {pid} is gone)",
+               _SILENT: "did not answer before the timeout"}.get(why, "failed")
+        return PeerError(f"rank {self.rank}: rank {failed} {how} while this rank waited to {direction} "
+                         f"rank {op.peer}", peer=failed, op=op.kind)
+
+    def _record(self, rank: int, why: int) -> None:
+        if self.ctl[_FAILED] < 0:      # two ranks at once: either may win, both name a failed rank
+            self.ctl[_WHY] = why
+            self.ctl[_FAILED] = rank
 
     def _fail(self, error: PeerError) -> None:
         self.failure = error
-        try:                           # rank 0 may have died before unlinking it
+        try:                           # rank 0 may have died before unlinking them
             os.unlink(os.path.join(SHM_DIR, self.name))
         except OSError:
             pass
+        shutil.rmtree(os.path.join(SHM_DIR, self.name + BELLS), ignore_errors=True)
         raise error
 
     def alive(self, r: int) -> bool:
@@ -402,6 +427,9 @@ def _create(size: int) -> tuple[str, mmap.mmap]:
     words = _HEADER + _RANK_WORDS * size + size * (size - 1) * channel_words
     nbytes = -(-words * 8 // 4096) * 4096 + size * (size - 1) * slots * slot_bytes
     name = f"{PREFIX}{os.getuid()}-{os.getpid()}-{secrets.token_hex(16)}"
+    os.mkdir(os.path.join(SHM_DIR, name + BELLS), 0o700)
+    for r in range(size):
+        os.mkfifo(os.path.join(SHM_DIR, name + BELLS, str(r)), 0o600)
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, nbytes)
@@ -453,7 +481,7 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
     hosts = everyone("host")
     if len(set(hosts)) > 1:
         return f"the ranks run on {len(set(hosts))} hosts ({', '.join(sorted(set(hosts)))})"
-    mm, name, problem = None, "", ""
+    mm, name, problem, bells = None, "", "", []
     try:
         if rank == 0:
             sweep()
@@ -464,6 +492,8 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
             if name.startswith("!"):
                 raise OSError(name[1:])
             mm = _open(name, size)
+        bells = [os.open(os.path.join(SHM_DIR, name + BELLS, str(r)), os.O_RDWR | os.O_NONBLOCK)
+                 for r in range(size)]
         ctl = np.frombuffer(mm, dtype=np.int64, count=_HEADER + _RANK_WORDS * size)
         ctl[_HEADER + _RANK_WORDS * rank + _START] = _start_time(os.getpid()) or 0
         ctl[_HEADER + _RANK_WORDS * rank + _PID] = os.getpid()
@@ -476,12 +506,15 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
     try:
         reports = everyone("opened")
     finally:
-        if rank == 0 and name:
-            os.unlink(os.path.join(SHM_DIR, name))   # every rank has it mapped (or gave up): no file left
+        if rank == 0 and name:       # every rank has them open (or gave up): no file left
+            os.unlink(os.path.join(SHM_DIR, name))
+            shutil.rmtree(os.path.join(SHM_DIR, name + BELLS), ignore_errors=True)
     problems = [p for p in reports if p != "ok"]
     if problems:
+        for fd in bells:
+            os.close(fd)
         return problems[0]
-    return SharedGroup(rank, size, mm, name)
+    return SharedGroup(rank, size, mm, name, bells)
 
 
 def _absent(store, keys: list[str], rank: int) -> PeerError:
