@@ -226,11 +226,18 @@ class Collective:
             if ready:
                 transport.wait(ready, deadline)
 
+        reduce_from = getattr(transport, "reduce_from", None)    # shared memory: add from the channel
+
         def apply(upto):
             nonlocal applied
             while applied < upto:
                 self._verify_agreement()
                 j, r = applied, plan.receives[applied]
+                if reduce_from is not None and r.scratch >= 0 and r.op == REDUCE:
+                    wait_sends(plan.after_sends[j])
+                    reduce_from(receives.pop(j), self.buffers[r.node][r.offset:r.offset + r.count], deadline)
+                    applied += 1
+                    continue
                 transport.wait([receives.pop(j)], deadline)
                 if r.scratch >= 0:
                     wait_sends(plan.after_sends[j])         # nobody still sends what this overwrites

@@ -85,7 +85,8 @@ def layout(size: int) -> tuple[int, int]:
 class _Op:
     """One posted send or receive: its bytes, how many frames have moved, whether it is done."""
 
-    __slots__ = ("kind", "peer", "tag", "buf", "nbytes", "frames", "moved", "done", "tensor")
+    __slots__ = ("kind", "peer", "tag", "buf", "nbytes", "frames", "moved", "done", "tensor", "target", "landed",
+                 "wanted")
 
     def __init__(self, kind, peer, tag, tensor, slot_bytes):
         self.kind, self.peer, self.tag, self.tensor = kind, peer, tag, tensor
@@ -94,6 +95,9 @@ class _Op:
         self.frames = max(1, -(-self.nbytes // slot_bytes))
         self.moved = 0          # frames written (send) or received (recv)
         self.done = False
+        self.target = None      # a receive to add into this (flat, typed) instead of landing
+        self.landed = []        # (offset, bytes) of a receive copied to its tensor before that
+        self.wanted = False     # a receive someone waits for now
 
 
 def _start_time(pid: int) -> int | None:
@@ -155,6 +159,8 @@ class SharedGroup:
         self.to_announce = [deque() for _ in range(n)]      # receives whose notice is not written yet
         self.posted: dict = {}                              # (peer, tag) -> deque of receives
         self.expecting = [0] * n                            # receives from p not done
+        self.wanted = [0] * n                               # receives from p someone waits for now
+        self.added_in_place = self.added_after_copy = 0     # bytes reduce_from added from the channel, or not
         self.offers = [dict() for _ in range(n)]            # p's notices without a send yet: tag -> deque
         self.unmatched = [dict() for _ in range(n)]         # sends without a notice yet: tag -> deque
         self.active = [deque() for _ in range(n)]           # matched sends being written, in order
@@ -204,8 +210,11 @@ class SharedGroup:
 
     # --- moving data --------------------------------------------------------------------
 
-    def progress(self) -> bool:
-        """Move whatever can move now, for every peer; return whether anything did."""
+    def progress(self, flush: bool = False) -> bool:
+        """Move whatever can move now, for every peer; return whether anything did. Frames
+        are taken from a peer up to the last one someone waits for, or all of them when
+        ``flush`` and its channel is full (the peer may be blocked on it): until then they
+        stay in the channel, so that ``reduce_from`` can add them straight from there."""
         any_moved = False
         ctl, me = self.ctl, self.rank
         for p in self.peers:
@@ -213,8 +222,8 @@ class SharedGroup:
             moved = False
             if self.to_announce[p]:
                 moved |= self._announce(p, inbound)
-            if self.expecting[p] and self.data_head[p] < ctl[inbound + _DATA_TAIL]:
-                moved |= self._receive(p, inbound)
+            if self.expecting[p] and self.data_head[p] < ctl[inbound + _DATA_TAIL] and (self.wanted[p] or flush):
+                moved |= self._receive(p, inbound, flush)
             if self.notice_head[p] < ctl[outbound + _NOTICE_TAIL]:
                 moved |= self._read_notices(p, outbound)
             if self.active[p]:
@@ -282,10 +291,19 @@ class SharedGroup:
                 op.tensor = op.buf = None
         return True
 
-    def _receive(self, p: int, base: int) -> bool:
+    def _receive(self, p: int, base: int, flush: bool) -> bool:
         ctl, slots = self.ctl, self.slots
         head, tail = self.data_head[p], int(ctl[base + _DATA_TAIL])
         frames = base + _QUEUES + 2 * self.notices
+        if not (flush and tail - head >= slots):     # up to the last frame someone waits for
+            last = head
+            for i in range(head, tail):
+                queue = self.posted.get((p, int(ctl[frames + 4 * (i % slots)])))
+                if queue and queue[0].wanted:
+                    last = i + 1
+            if last == head:
+                return False
+            tail = last
         while head < tail:
             k = head % slots
             tag, offset, n = int(ctl[frames + 4 * k]), int(ctl[frames + 4 * k + 1]), int(ctl[frames + 4 * k + 2])
@@ -294,7 +312,13 @@ class SharedGroup:
             op = queue[0]
             if n:
                 start = self._frame(p, self.rank, k)
-                op.buf[offset:offset + n].copy_(self.data[start:start + n])
+                if op.target is not None:
+                    size = op.tensor.element_size()
+                    op.target[offset // size:(offset + n) // size].add_(self.data[start:start + n].view(op.tensor.dtype))
+                    self.added_in_place += n
+                else:
+                    op.buf[offset:offset + n].copy_(self.data[start:start + n])
+                    op.landed.append((offset, n))
             head += 1
             ctl[base + _DATA_HEAD] = self.data_head[p] = head
             op.moved += 1
@@ -304,7 +328,6 @@ class SharedGroup:
                 if not queue:
                     del self.posted[(p, tag)]
                 self.expecting[p] -= 1
-                op.tensor = op.buf = None
         return True
 
     # --- waiting ------------------------------------------------------------------------
@@ -317,6 +340,10 @@ class SharedGroup:
         idle_since, next_check = started, started + CHECK_EVERY_S
         blocked = False
         sleeping = self._rank_word(self.rank, _SLEEPING)
+        wanted = [op for op in pending if op.kind == "recv" and not op.done]
+        for op in wanted:
+            op.wanted = True
+            self.wanted[op.peer] += 1
         try:
             while True:
                 if self.progress():
@@ -340,7 +367,7 @@ class SharedGroup:
                     next_check = now + CHECK_EVERY_S
                 # block until a peer rings: say so, look once more, then wait on the doorbell
                 self.ctl[sleeping] = 1
-                if self.progress():
+                if self.progress(flush=True):        # idle: free the channels for the senders
                     idle_since = time.monotonic()
                 elif not all(op.done for op in pending):
                     select.select([self.bells[self.rank]], [], [], max(0.0, min(NAP_S, next_check - now)))
@@ -350,8 +377,23 @@ class SharedGroup:
                 except BlockingIOError:
                     pass
         finally:
+            for op in wanted:
+                op.wanted = False
+                self.wanted[op.peer] -= 1
             if blocked:
                 self.ctl[self._rank_word(self.rank, _BLOCKED)] = -1
+
+    def reduce_from(self, op: _Op, target: torch.Tensor, deadline: float) -> None:
+        """Finish receive ``op`` by adding it into ``target`` (flat, its dtype): frames still in
+        the channel are added from there, without the copy to the receive's own tensor."""
+        size = op.tensor.element_size()
+        flat = op.tensor.reshape(-1)
+        for offset, n in op.landed:
+            target[offset // size:(offset + n) // size].add_(flat[offset // size:(offset + n) // size])
+            self.added_after_copy += n
+        if not op.done:
+            op.target = target
+            self.wait([op], deadline)
 
     def _check(self, op: _Op, deadline: float) -> PeerError | None:
         """The group's failure if a peer died or left, or the deadline has passed. The first
@@ -622,6 +664,11 @@ class ShmTransport:
 
     def wait(self, pending, deadline):
         self.shared.wait(pending, deadline)
+
+    def reduce_from(self, handle, target, deadline):
+        """Wait for receive ``handle`` and add what it brings into ``target`` (the executor's
+        REDUCE), from the channel itself where it can: one copy per byte fewer."""
+        self.shared.reduce_from(handle, target, deadline)
 
     def gather(self, data, deadline, tag=0):
         """Every rank's ``data`` (same-size bytes), by rank."""
