@@ -106,3 +106,16 @@ def test_bench_cli_runs_gradsync_rows_over_shared_memory():
     rows = json.loads(out.stdout)
     assert [(r["algorithm"], r["transport"]) for r in rows] == [("native", "native"), ("ring", "shm")] * 2
     assert all(r["max_error"] < 1e-6 for r in rows)
+
+
+@pytest.mark.slow
+def test_training_over_shared_memory_matches_one_worker_on_the_whole_batch():
+    from gradsync.training.train import TrainConfig, train
+
+    one = train(1, TrainConfig(algorithm="ring", epochs=2, batch_size=64))["history"]
+    two = train(2, TrainConfig(algorithm="ring", epochs=2, batch_size=64, transport="shm"))["history"]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["replica_max_diff"] == 0.0
+    with pytest.raises(ConfigError, match="transport must be one of gloo, shm, auto, got 'tcp'"):
+        TrainConfig(transport="tcp").check(2)

@@ -611,9 +611,11 @@ def serve(host, port):
               help="With --elastic: train on as few as this many workers (default: all).")
 @click.option("--kill-every", type=click.FloatRange(0, min_open=True), default=None,
               help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
+@click.option("--transport", type=click.Choice(["gloo", "shm", "auto"]), default="gloo", show_default=True,
+              help="What the gradients travel over: Gloo, shared memory (local workers), or auto.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, elastic, min_workers, kill_every, fmt):
+          link_bandwidth, link_latency, plot, elastic, min_workers, kill_every, transport, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -623,8 +625,12 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         raise click.BadParameter(f"must end in .png, got {plot!r}", param_hint="'--plot'")
     if plot:
         _writable(plot, "--plot")
-    cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
+    cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
+                      transport=transport)
     cfg.check(workers)
+    if transport != "gloo" and (elastic or link_bandwidth):
+        raise click.BadParameter(f"--transport {transport} works with neither --elastic nor emulated links yet",
+                                 param_hint="'--transport'")
     if elastic:
         return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
     if min_workers is not None or kill_every is not None:
