@@ -423,11 +423,7 @@ class SharedGroup:
 
     def _fail(self, error: PeerError) -> None:
         self.failure = error
-        try:                           # rank 0 may have died before unlinking them
-            os.unlink(os.path.join(SHM_DIR, self.name))
-        except OSError:
-            pass
-        shutil.rmtree(os.path.join(SHM_DIR, self.name + BELLS), ignore_errors=True)
+        _remove(self.name)             # rank 0 may have died before unlinking them
         raise error
 
     def alive(self, r: int) -> bool:
@@ -544,19 +540,28 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
         problem = f"rank {rank} could not map the segment: {exc}"
         if rank == 0:
             store.set(f"{prefix}/name", "!" + problem)
-    store.set(f"{prefix}/opened/{rank}", problem or "ok")
+    reports = []
     try:
+        store.set(f"{prefix}/opened/{rank}", problem or "ok")
         reports = everyone("opened")
     finally:
-        if rank == 0 and name:       # every rank has them open (or gave up): no file left
-            os.unlink(os.path.join(SHM_DIR, name))
-            shutil.rmtree(os.path.join(SHM_DIR, name + BELLS), ignore_errors=True)
+        if name and (rank == 0 or not reports):     # every rank has them open, or gave up (rank 0 may be dead)
+            _remove(name)
     problems = [p for p in reports if p != "ok"]
     if problems:
         for fd in bells:
             os.close(fd)
         return problems[0]
     return SharedGroup(rank, size, mm, name, bells)
+
+
+def _remove(name: str) -> None:
+    """Unlink a segment and its doorbells (open mappings and descriptors live on)."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except OSError:
+        pass
+    shutil.rmtree(os.path.join(SHM_DIR, name + BELLS), ignore_errors=True)
 
 
 def _absent(store, keys: list[str], rank: int) -> PeerError:
