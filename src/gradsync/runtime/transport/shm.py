@@ -470,6 +470,10 @@ def _create(size: int) -> tuple[str, mmap.mmap]:
     channel_words = _QUEUES + 2 * NOTICES + 4 * slots
     words = _HEADER + _RANK_WORDS * size + size * (size - 1) * channel_words
     nbytes = -(-words * 8 // 4096) * 4096 + size * (size - 1) * slots * slot_bytes
+    free = os.statvfs(SHM_DIR)
+    if free.f_bavail * free.f_frsize < nbytes:       # touching pages past a full tmpfs is SIGBUS, not an error
+        raise OSError(f"{SHM_DIR} has {free.f_bavail * free.f_frsize >> 20} MB free, the segment needs "
+                      f"{nbytes >> 20} MB")
     name = f"{PREFIX}{os.getuid()}-{os.getpid()}-{secrets.token_hex(16)}"
     os.mkdir(os.path.join(SHM_DIR, name + BELLS), 0o700)
     for r in range(size):
@@ -619,20 +623,6 @@ def shared_group(group=None, timeout: float = 60.0) -> SharedGroup | str:
             if isinstance(old, SharedGroup):
                 old.close()
     return result
-
-
-def forget(group=None) -> None:
-    """Leave ``group``'s segment (peers still waiting for this rank fail at once); call it
-    before ``dist.destroy_process_group``. Example: ``forget()`` for the default group."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    with _GROUPS_LOCK:
-        entry = _GROUPS.pop(id(pg), None)
-    if entry is not None and isinstance(entry[1], SharedGroup):
-        entry[1].close()
 
 
 @atexit.register
