@@ -119,3 +119,15 @@ def test_training_over_shared_memory_matches_one_worker_on_the_whole_batch():
         assert b["replica_max_diff"] == 0.0
     with pytest.raises(ConfigError, match="transport must be one of gloo, shm, auto, got 'tcp'"):
         TrainConfig(transport="tcp").check(2)
+
+
+@pytest.mark.slow
+def test_kill_trials_over_shared_memory_name_the_victim_and_leave_no_segment():
+    from gradsync.runtime.faults import campaign
+
+    timeout = 3.0
+    summary = campaign(3, timeout=timeout, seed=11, transport="shm")["summary"]
+    assert summary["hangs"] == 0 and summary["wrong_results"] == 0, summary
+    assert summary["named_victim"] == summary["survivors"] > 0, summary
+    assert summary["detection_max_s"] <= timeout + 2 and not summary["other_errors"], summary
+    assert summary["segments_left"] == 0, summary
