@@ -547,7 +547,7 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
         ctl[_HEADER + _RANK_WORDS * rank + _PID] = os.getpid()
         del ctl
     except (OSError, ValueError) as exc:
-        problem = f"rank {rank} could not map the segment: {exc}"
+        problem = str(exc) if name.startswith("!") else f"rank {rank} could not map the segment: {exc}"
         if rank == 0:
             store.set(f"{prefix}/name", "!" + problem)
     reports = []
