@@ -2,7 +2,8 @@
 all-reduces, over many trials, algorithms and worker counts (3-6); record hangs, wrong
 results, survivors naming the victim, and detection-time percentiles.
 
-Usage: python benchmarks/fault_injection.py [--trials 200] [--timeout 3] [--out docs/faults_results.json]
+Usage: python benchmarks/fault_injection.py [--trials 200] [--timeout 3] [--transport gloo|shm]
+                                           [--out docs/faults_results.json]
 """
 
 import argparse
@@ -16,8 +17,9 @@ if __name__ == "__main__":
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--transport", default="gloo", choices=["gloo", "shm"])
     parser.add_argument("--out", default="docs/faults_results.json")
     args = parser.parse_args()
-    result = campaign(args.trials, args.timeout, args.seed)
+    result = campaign(args.trials, args.timeout, args.seed, transport=args.transport)
     print(json.dumps(result["summary"], indent=1))
     Path(args.out).write_text(json.dumps(result, indent=1))

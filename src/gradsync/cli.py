@@ -503,6 +503,9 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--components", "-c", type=click.IntRange(min=1), default=None,
               help="Components, for the algorithms that take them (CERAR; default 2N).")
 @click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
+@click.option("--transport", type=click.Choice(["gloo", "mpi", "shm", "auto"]), default="gloo", show_default=True,
+              help="What gradsync's rows run over: Gloo point-to-point, MPI (as --backend mpi), shared memory "
+                   "(local workers), or auto (shared memory when the workers share a host).")
 @click.option("--timeout", type=click.FloatRange(0, 1e6, min_open=True), default=60.0, show_default=True,
               help="Seconds before a stalled collective raises PeerError.")
 @click.option("--topology", "-t", default=None,
@@ -517,18 +520,28 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw busbw against size per algorithm (native included) to this PNG.")
 @format_option
-def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, timeout, topology,
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, transport, timeout, topology,
           link_bandwidth, trace_path, flight_dir, plot, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
     _png(plot)
+    if transport == "mpi":
+        backend = "mpi"
+    elif backend == "mpi" and transport != "gloo":
+        raise click.BadParameter(f"--transport {transport} runs on the torch backend, not mpi",
+                                 param_hint="'--transport'")
+    if link_bandwidth and transport in ("shm", "auto"):
+        raise click.BadParameter(f"--transport {transport} bypasses the emulated links: use gloo with "
+                                 "--link-bandwidth", param_hint="'--transport'")
     if trace_path:
         _writable(trace_path, "--trace")
         if backend == "mpi" or "RANK" in os.environ:
             raise click.BadParameter("traces are written for local workers on the torch backend, not under "
                                      "mpirun or torchrun", param_hint="'--trace'")
+    engine = bench_mod.TorchEngine(transport)
+
     chosen = _chosen(names, dtype)
     if flight_dir:                        # the workers inherit it
         os.environ["GRADSYNC_FLIGHT_DIR"] = os.path.abspath(flight_dir)
@@ -540,13 +553,13 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     if backend == "mpi":
         rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
-        rows, workers = _bench_under_torchrun(bench_mod, args)
+        rows, workers = _bench_under_torchrun(bench_mod, args, engine)
         if rows is None:
             return
         where = f"{workers} ranks started by torchrun, Gloo"
     else:
         with _links(workers, link_bandwidth) as network:
-            results = run(bench_mod.worker, workers, *args, None, bool(trace_path), timeout=timeout * 4 + 600,
+            results = run(bench_mod.worker, workers, *args, engine, bool(trace_path), timeout=timeout * 4 + 600,
                           network=network)
         rows = results[0]
         if trace_path:
@@ -555,6 +568,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
                  else f"{workers} local workers, Gloo over 127.0.0.1")
+        if rows and rows[-1]["transport"] == "shm":
+            where += "; gradsync's rows over shared memory"
         if link_bandwidth:
             limit = parse_bandwidth(link_bandwidth)
             for r in rows:
@@ -646,7 +661,7 @@ def _bench_mpi(workers, args, timeout, link_bandwidth):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _bench_under_torchrun(bench_mod, args):
+def _bench_under_torchrun(bench_mod, args, engine):
     """Run as one rank of the group torchrun started (env:// rendezvous); rank 0 gets the rows."""
     import datetime
 
@@ -655,7 +670,7 @@ def _bench_under_torchrun(bench_mod, args):
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args[4] * 4 + 600))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        return bench_mod.worker(rank, world, *args), world
+        return bench_mod.worker(rank, world, *args, engine), world
     finally:
         dist.destroy_process_group()
 
@@ -735,9 +750,11 @@ def serve(host, port):
               help="With --elastic: train on as few as this many workers (default: all).")
 @click.option("--kill-every", type=click.FloatRange(0, min_open=True), default=None,
               help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
+@click.option("--transport", type=click.Choice(["gloo", "shm", "auto"]), default="gloo", show_default=True,
+              help="What the gradients travel over: Gloo, shared memory (local workers), or auto.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, trace_path, elastic, min_workers, kill_every, fmt):
+          link_bandwidth, link_latency, plot, trace_path, elastic, min_workers, kill_every, transport, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -751,8 +768,12 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _writable(trace_path, "--trace")
         if elastic:
             raise click.UsageError("--elastic does not combine with --trace")
-    cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed)
+    cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
+                      transport=transport)
     cfg.check(workers)
+    if transport != "gloo" and (elastic or link_bandwidth):
+        raise click.BadParameter(f"--transport {transport} works with neither --elastic nor emulated links yet",
+                                 param_hint="'--transport'")
     if elastic:
         return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
     if min_workers is not None or kill_every is not None:

@@ -18,7 +18,7 @@ from ..schedule import CODED, COPY, REDUCE, Schedule
 from .agree import Agreement, digest, seen_before
 from .launch import local_size
 from .collective import Collective, node_buffers
-from .transport import DistributedTransport
+from .transport import for_group
 
 OPS = ("sum", "avg")
 DEFAULT_TIMEOUT = float(os.environ.get("GRADSYNC_TIMEOUT", 60.0))
@@ -107,14 +107,17 @@ class Work:
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
-               check_finite: bool = False, async_op: bool = False, trace=None, **options):
+               check_finite: bool = False, async_op: bool = False, trace=None, transport: str = "gloo",
+               **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
     Like ``torch.distributed.all_reduce``: every rank calls it with a tensor of the same shape
     and dtype, in the same order. ``algorithm`` is a registry name or "auto"; ``options`` go
     to the algorithm (``components=16`` for CERAR). ``async_op=True`` returns a ``Work`` at
     once (``wait()``, ``get_future()``) while the collective runs on gradsync's progress
-    thread; leave the tensor alone until it completes.
+    thread; leave the tensor alone until it completes. ``transport``: "gloo" (the group's
+    torch.distributed backend), "shm" (shared memory; every rank on this host) or "auto"
+    (shared memory when the ranks share a host and the tensor is on the CPU).
 
     The ranks agree on shape, dtype, algorithm and options (``check``) before anything
     received is used; a mismatch raises ``MismatchError`` on every rank. A peer that fails or
@@ -139,11 +142,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
         raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout
-    transport = DistributedTransport(group, stall_warning)
+    channel = for_group(transport, group, tensor.device.type, timeout, stall_warning)
     try:
-        collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options, trace)
+        collective = prepare(tensor, algorithm, op, channel, deadline, check, check_finite, options, trace)
     except BaseException:
-        transport.close()
+        channel.close()
         raise
     future = collective.start(inline=not async_op)
     return Work(future) if async_op else future.wait()

@@ -66,7 +66,19 @@ def time_in_blocks(calls: dict, total: int, barrier, before=None) -> dict:
 
 
 class TorchEngine:
-    """The torch.distributed engine: Gloo's own all-reduce is the native row."""
+    """The torch.distributed engine: Gloo's own all-reduce is the native row; gradsync's rows
+    run over ``transport`` ("gloo", "shm" or "auto", as ``gradsync.all_reduce`` takes)."""
+
+    def __init__(self, transport: str = "gloo"):
+        self.transport = transport
+
+    def transport_used(self) -> str:
+        """What gradsync's rows run over: "auto" resolved (every rank together)."""
+        from .transport import ShmTransport, for_group
+
+        if self.transport != "auto":
+            return self.transport
+        return "shm" if isinstance(for_group("auto"), ShmTransport) else "gloo"
 
     def barrier(self):
         dist.barrier()
@@ -79,7 +91,7 @@ class TorchEngine:
         return lambda: dist.all_reduce(buf)
 
     def ours(self, name, buf, timeout, opts):
-        return lambda: all_reduce(buf, algorithm=name, timeout=timeout, **opts)
+        return lambda: all_reduce(buf, algorithm=name, timeout=timeout, transport=self.transport, **opts)
 
 
 class MpiEngine:
@@ -88,6 +100,9 @@ class MpiEngine:
     def __init__(self):
         from mpi4py import MPI
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
+
+    def transport_used(self) -> str:
+        return "mpi"
 
     def barrier(self):
         self.comm.Barrier()
@@ -117,6 +132,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     if trace:
         from .tracing import Trace
         tracer = Trace()
+    transport = engine.transport_used()
     dtype = DTYPES[dtype_name]
     itemsize = torch.tensor([], dtype=dtype).element_size()
     rows, total = [], len(sizes) * (len(names) + 1)
@@ -140,7 +156,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
             rows.append({"algorithm": name, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
                          "time_s": t, "algbw_GBps": algbw / 1e9,
                          "busbw_GBps": algbw * 2 * (workers - 1) / workers / 1e9, "max_error": stats[1].item(),
-                         "workers": workers})
+                         "workers": workers, "transport": "native" if name == NATIVE else transport})
             if bar:
                 bar(f"{name} {nbytes} B")
     if bar:

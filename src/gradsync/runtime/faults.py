@@ -38,7 +38,7 @@ def _victim_timer(after: float, record: str):
     timer.start()
 
 
-def worker(rank, workers, victim, kill_after, algorithm, timeout, seed, record):
+def worker(rank, workers, victim, kill_after, algorithm, timeout, seed, record, transport="gloo"):
     torch.set_num_threads(1)
     sizes = random.Random(seed)
     if rank == victim:
@@ -49,7 +49,7 @@ def worker(rank, workers, victim, kill_after, algorithm, timeout, seed, record):
             n = sizes.choice(SIZES)
             base = (torch.arange(n) % 7).float()
             x = base + rank
-            all_reduce(x, algorithm=algorithm, timeout=timeout)
+            all_reduce(x, algorithm=algorithm, timeout=timeout, transport=transport)
             wrong += int(not torch.equal(x, base * workers + sum(range(workers))))
             completed += 1
         return {"status": "finished", "completed": completed, "wrong": wrong}
@@ -70,12 +70,15 @@ class Trial:
     wrong: int
     errors: list
     messages: list           # each survivor's PeerError, for diagnosing misnamed failures
+    segments_left: int = 0   # shared-memory files of this user in /dev/shm after the trial
 
 
-def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout: float, seed: int) -> Trial:
+def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout: float, seed: int,
+          transport: str = "gloo") -> Trial:
+    before = _segments()
     with tempfile.TemporaryDirectory() as tmp:
         record = str(Path(tmp) / "killed_at")
-        results = run(worker, workers, victim, kill_after, algorithm, timeout, seed, record,
+        results = run(worker, workers, victim, kill_after, algorithm, timeout, seed, record, transport,
                       timeout=timeout + kill_after + 30, tolerate=True)
         killed_at = float(Path(record).read_text()) if Path(record).exists() else None
     detection, named, hangs, wrong, errors, messages = [], 0, 0, 0, [], []
@@ -94,19 +97,30 @@ def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout:
                 detection.append(r["at"] - killed_at)
         else:
             errors.append(f"rank {rank} finished without seeing the failure")
-    return Trial(workers, victim, algorithm, detection, named, workers - 1, hangs, wrong, errors, messages)
+    return Trial(workers, victim, algorithm, detection, named, workers - 1, hangs, wrong, errors, messages,
+                 len(_segments() - before))
 
 
-def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=None, workers=(3, 4, 5, 6)) -> dict:
-    """Run ``trials`` random kill trials (over ``algorithms``, default every exact one); return
-    them and a summary."""
+def _segments() -> set[str]:
+    from .transport.shm import PREFIX, SHM_DIR
+
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{os.getuid()}-")}
+    except OSError:
+        return set()
+
+
+def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=None, workers=(3, 4, 5, 6),
+             transport: str = "gloo") -> dict:
+    """Run ``trials`` random kill trials (over ``algorithms``, default every exact one) over
+    ``transport``; return them and a summary."""
     algorithms = names(exact=True) if algorithms is None else algorithms
     rng = random.Random(seed)
     out = []
     for i in range(trials):
         n = rng.choice(workers)
         t = trial(n, rng.randrange(n), algorithms[i % len(algorithms)], rng.uniform(0.5, 2.0), timeout,
-                  rng.randrange(1 << 30))
+                  rng.randrange(1 << 30), transport)
         out.append(t)
     detections = sorted(d for t in out for d in t.detection_s)
 
@@ -117,6 +131,7 @@ def campaign(trials: int, timeout: float = 3.0, seed: int = 0, algorithms=None, 
                "named_victim": sum(t.named_victim for t in out), "hangs": sum(t.hangs for t in out),
                "wrong_results": sum(t.wrong for t in out), "detection_p50_s": pct(0.5),
                "detection_p99_s": pct(0.99), "detection_max_s": detections[-1] if detections else None,
+               "transport": transport, "segments_left": sum(t.segments_left for t in out),
                "other_errors": [e for t in out for e in t.errors][:20]}
     return {"summary": summary, "trials": [t.__dict__ for t in out]}
 

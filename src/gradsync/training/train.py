@@ -42,10 +42,13 @@ class TrainConfig:
     resync_every: int = 0             # broadcast rank 0's parameters every K steps (0: never)
     seed: int = 0
     timeout: float = 60.0
+    transport: str = "gloo"           # gloo, shm (shared memory) or auto, as gradsync.all_reduce takes
 
     def check(self, workers: int) -> "TrainConfig":
         if self.algorithm != "auto":
             algorithms.get(self.algorithm)
+        if self.transport not in ("gloo", "shm", "auto"):
+            raise ConfigError(f"transport must be one of gloo, shm, auto, got {self.transport!r}")
         if self.model not in models.MODELS:
             raise ConfigError(f"unknown model {self.model!r}: expected one of {', '.join(models.MODELS)}")
         for name, value, low in (("epochs", self.epochs, 1), ("batch_size", self.batch_size, workers),
@@ -71,7 +74,8 @@ class SyncMeter:
     def __init__(self, cfg: TrainConfig, rank: int, workers: int, trace=None):
         self.cfg, self.rank, self.workers = cfg, rank, workers
         self.approximate = not algorithms.get(cfg.algorithm).exact if cfg.algorithm != "auto" else False
-        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, trace=trace, **cfg.options())
+        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, trace=trace, transport=cfg.transport,
+                              **cfg.options())
         self.reset()
 
     def reset(self):

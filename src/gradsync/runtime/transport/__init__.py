@@ -1,7 +1,7 @@
 """Transports: how a collective's messages travel. The collective talks only to this protocol.
 
-``DistributedTransport`` runs over torch.distributed (Gloo on CPU, NCCL on GPU), ``MpiTransport``
-over mpi4py, ``MemoryTransport`` between threads of one process (for tests: every rank in one
+``DistributedTransport`` runs over torch.distributed (Gloo on CPU, NCCL on GPU), ``ShmTransport``
+through shared memory between the ranks of one host, ``MpiTransport`` over mpi4py, ``MemoryTransport`` between threads of one process (for tests: every rank in one
 process, as Gloo's own tests do). Each names a failed peer in a ``PeerError``.
 """
 
@@ -11,8 +11,12 @@ from typing import Protocol
 
 import torch
 
+from ...errors import ConfigError
 from .distributed import DistributedTransport, TorchTransport
 from .memory import MemoryTransport
+from .shm import ShmTransport, shared_group
+
+CHOICES = ("gloo", "shm", "auto")      # for a torch.distributed group; MPI has its own entry point
 
 
 class Transport(Protocol):
@@ -47,4 +51,33 @@ def post_each(transport, ops: list[tuple[str, torch.Tensor, int, int]]) -> list:
             for kind, t, peer, tag in ops]
 
 
-__all__ = ["DistributedTransport", "MemoryTransport", "Transport", "TorchTransport", "post_each"]
+def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0, stall_warning=None):
+    """The transport ``name`` asks for, on a torch.distributed ``group``: "gloo" is the group's
+    own backend (Gloo, or NCCL for GPU tensors), "shm" shared memory (every rank on this host),
+    "auto" shared memory when the ranks share a host and the tensor is on the CPU, else the
+    group's backend. Every rank must ask for the same. ``stall_warning`` is a Gloo-transport
+    feature: "auto" keeps to Gloo when it is set.
+
+    Example, in each rank: ``for_group("auto")`` is a ``ShmTransport`` when all run on one host.
+    """
+    if name not in CHOICES:
+        hint = " (MPI runs through gradsync.runtime.mpi.all_reduce under mpirun)" if name == "mpi" else ""
+        raise ConfigError(f"transport must be one of {', '.join(CHOICES)}, got {name!r}{hint}")
+    if name == "shm" and (device != "cpu" or stall_warning):
+        raise ConfigError(f"transport 'shm' takes CPU tensors without stall_warning, got a {device} tensor"
+                          + (f" and stall_warning={stall_warning!r}" if stall_warning else ""))
+    if name == "shm" or (name == "auto" and device == "cpu" and not stall_warning and _gloo(group)):
+        shared = shared_group(group, timeout)
+        if name == "shm" or not isinstance(shared, str):
+            return ShmTransport(group, shared=shared)
+    return DistributedTransport(group, stall_warning)
+
+
+def _gloo(group) -> bool:
+    import torch.distributed as dist
+
+    return dist.get_backend(group) == "gloo"
+
+
+__all__ = ["CHOICES", "DistributedTransport", "MemoryTransport", "ShmTransport", "Transport", "TorchTransport",
+           "for_group", "post_each", "shared_group"]

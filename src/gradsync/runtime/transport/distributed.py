@@ -46,6 +46,11 @@ _started: dict[str, int] = {}     # collectives this process has started, per gr
 _recent: deque = deque(maxlen=32)
 
 
+def group_name(group=None) -> str:
+    """The group's name, the same in every process: "world", or its global ranks ("0-2-3")."""
+    return "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+
+
 def _store():
     try:
         return dist.distributed_c10d._get_default_store()
@@ -74,7 +79,7 @@ class DistributedTransport:
         # One notice per group, the same name on every rank (ids differ between processes):
         # after a PeerError the group cannot be used again, and ranks may be one collective
         # apart when a failure hits.
-        key = "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+        key = group_name(group)
         self.failure_key = f"gradsync/failure/{key}"
         self.group_key = f"torch/{key}"       # the collectives of one group run one at a time
         self.sequence = _started[key] = _started.get(key, 0) + 1

@@ -1,0 +1,91 @@
+"""Bodies run in worker processes by tests/test_shm.py (importable by spawned children)."""
+
+import os
+import time
+
+import numpy as np
+import torch
+
+import gradsync
+from gradsync.runtime.transport import for_group, shared_group
+
+LENGTHS = (0, 1, 13, 1000)
+LONG = 300_000          # float64 only: 2.4 MB, several 1 MB frames per message
+
+
+def _inputs(rank, n, dtype):
+    rng = np.random.default_rng(1000 + rank)
+    if dtype.is_floating_point:
+        return torch.from_numpy(rng.standard_normal(n) * 10).to(dtype)
+    return torch.from_numpy(rng.integers(-1000, 1000, n)).to(dtype)
+
+
+def exact_sums(rank, workers):
+    """Max relative error against numpy's float64 sum, per (algorithm, dtype, length), over shm."""
+    out = {"transport": type(for_group("shm")).__name__}
+    for alg in gradsync.algorithms.names(exact=True):
+        for dtype in (torch.float64, torch.float32, torch.int32):
+            for n in LENGTHS + ((LONG,) if dtype == torch.float64 else ()):
+                x = _inputs(rank, n, dtype)
+                gradsync.all_reduce(x, algorithm=alg, transport="shm")
+                ref = np.sum([_inputs(r, n, dtype).double().numpy() for r in range(workers)], axis=0)
+                scale = float(np.abs(ref).max()) if n else 1.0
+                err = float(np.abs(x.double().numpy() - ref).max()) / (scale or 1.0) if n else 0.0
+                out[(alg, str(dtype), n)] = err
+    return out
+
+
+def auto_picks(rank, workers):
+    """What "auto" chooses between local processes, and that it sums right."""
+    x = torch.full((5,), float(rank + 1))
+    gradsync.all_reduce(x, transport="auto", algorithm="ring")
+    return {"chosen": type(for_group("auto")).__name__, "sum": x.tolist(),
+            "shared": not isinstance(shared_group(), str)}
+
+
+def killed_rank(rank, workers, victim, timeout):
+    """Every rank runs ring all-reduces over shm; ``victim`` kills itself (SIGKILL) mid-stream."""
+    import signal
+    import threading
+
+    x = torch.ones(1 << 18)
+    gradsync.all_reduce(x, transport="shm", timeout=timeout)        # the segment is set up
+    if rank == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = None
+    try:
+        for _ in range(100000):
+            x.fill_(1.0)
+            start = time.monotonic()
+            gradsync.all_reduce(x, transport="shm", timeout=timeout)
+            assert x[0].item() == workers
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def stalled(rank, workers, timeout):
+    """Rank 0 sets up, then sleeps past the timeout; the others must name it, not a neighbour."""
+    x = torch.ones(1000)
+    gradsync.all_reduce(x, transport="shm", timeout=timeout)
+    if rank == 0:
+        time.sleep(timeout + 2)
+        return {"slept": True}
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(x, transport="shm", timeout=timeout)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def absent_at_setup(rank, workers, timeout):
+    """The last rank exits before the group's first shared-memory collective."""
+    if rank == workers - 1:
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(torch.ones(10), transport="shm", timeout=timeout)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
