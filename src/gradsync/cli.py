@@ -537,7 +537,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                                  "--link-bandwidth", param_hint="'--transport'")
     if trace_path:
         _writable(trace_path, "--trace")
-        if backend == "mpi" or "RANK" in os.environ:
+        if backend == "mpi" or "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
             raise click.BadParameter("traces are written for local workers on the torch backend, not under "
                                      "mpirun or torchrun", param_hint="'--trace'")
     engine = bench_mod.TorchEngine(transport)
@@ -550,13 +550,15 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     byte_sizes = _sizes(sizes, min_size, max_size, dtype)
     topo = _predictor(topology, chosen, options, dtype, workers)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
+    from .runtime.launch import launched
     if backend == "mpi":
         rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # started by torchrun: be one rank
-        rows, workers = _bench_under_torchrun(bench_mod, args, engine)
+    elif launched() is not None:          # started by torchrun (mpirun, srun): be one rank of that job
+        from .runtime.launch import as_launched
+        rows, _, workers = as_launched(bench_mod.worker, *args, engine, timeout=timeout * 4 + 600)
         if rows is None:
             return
-        where = f"{workers} ranks started by torchrun, Gloo"
+        where = f"{workers} ranks started by {launched()['launcher']}, Gloo"
     else:
         with _links(workers, link_bandwidth) as network:
             results = run(bench_mod.worker, workers, *args, engine, bool(trace_path), timeout=timeout * 4 + 600,
@@ -661,20 +663,6 @@ def _bench_mpi(workers, args, timeout, link_bandwidth):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _bench_under_torchrun(bench_mod, args, engine):
-    """Run as one rank of the group torchrun started (env:// rendezvous); rank 0 gets the rows."""
-    import datetime
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args[4] * 4 + 600))
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        return bench_mod.worker(rank, world, *args, engine), world
-    finally:
-        dist.destroy_process_group()
-
-
 @main.command()
 @click.option("--workers", "-n", type=click.IntRange(2, 64), default=4, show_default=True)
 @click.option("--out", "-o", default="calibrated.json", show_default=True,
@@ -703,6 +691,43 @@ def calibrate(workers, out, repeats, launches, fmt):
         click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
 
     _emit(fmt, fit, render)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; give the machine's address for other machines).")
+@click.option("--port", type=click.IntRange(0, 65535), default=29400, show_default=True)
+@click.option("--timeout", type=click.FloatRange(1, 1e6), default=3600.0, show_default=True,
+              help="How long clients may wait on a key, in seconds.")
+def store(host, port, timeout):
+    """Host a rendezvous store for torchrun agents on other machines (elastic jobs that must
+    survive losing any machine, including the first): start it on a machine outside the job,
+    then start every agent with --rdzv-backend c10d --rdzv-endpoint HOST:PORT
+    --rdzv-conf is_host=false."""
+    import datetime
+    import socket
+    import time as time_module
+
+    import torch.distributed as dist
+
+    try:
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(1024)
+    except OSError as e:
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {e.strerror}", param_hint="'--host'/'--port'")
+    bound = listener.getsockname()[1]
+    keep = dist.TCPStore(host, bound, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout), master_listen_fd=listener.detach())
+    click.echo(f"gradsync store: listening on {host}:{bound}  (agents: --rdzv-backend c10d --rdzv-endpoint "
+               f"{host}:{bound} --rdzv-conf is_host=false; Ctrl-C to stop)", err=False)
+    sys.stdout.flush()
+    try:
+        while True:
+            time_module.sleep(3600)
+    except KeyboardInterrupt:
+        del keep
 
 
 @main.command()
@@ -781,6 +806,17 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     if algorithm != "auto" and not algorithms.get(algorithm).exact:   # refuse a design too inaccurate here,
         algorithms.build(algorithm, workers, 1, dtype="float32", **cfg.options())   # not in every worker
     progress = fmt == "table" and sys.stderr.isatty()
+    from .runtime.launch import launched
+    job = launched()
+    if job is not None:                   # started by torchrun (mpirun, srun): one job, on every machine it spans
+        if link_bandwidth or link_latency or plot or trace_path:
+            raise click.UsageError("under torchrun, mpirun or srun, train takes no --link-*, --plot or --trace")
+        result = run_training(job["world"], cfg, progress and job["rank"] == 0)
+        if result["rank"] != 0:
+            return                        # rank 0 reports for the job
+        workers = result["workers"]
+        result["launcher"] = job["launcher"]
+        return _emit(fmt, result, lambda r: _render_training(r, workers, algorithm, model, batch_size, None, None, None))
     with _links(workers, link_bandwidth, link_latency) as network:
         result = run_training(workers, cfg, progress, network, trace=bool(trace_path))
         if trace_path:
@@ -795,28 +831,30 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         draw(runs, plot)
     result["link_bandwidth"] = link_bandwidth
 
-    def render(r):
-        click.echo(f"gradsync train: {workers} workers, {algorithm}, {model} on digits, global batch {batch_size}"
-                   + (f", links {link_bandwidth}" if link_bandwidth else ""))
-        headers = ["epoch", "loss", "test acc.", "compute", "sync", "resync", "sent/worker"]
-        approx = algorithm != "auto" and not algorithms.get(algorithm).exact
-        if approx:
-            headers += ["grad error", "replica diff"]
-        rows = []
-        for h in r["history"]:
-            row = [h["epoch"], f"{h['loss']:.4f}", f"{h['test_accuracy']:.3f}", format_time(h["compute_s"]),
-                   format_time(h["sync_s"]), format_time(h["resync_s"]) if h["resync_s"] else "-",
-                   format_size(h["bytes_per_worker"])]
-            if approx:
-                row += [f"{h['grad_rel_error']:.2g}", f"{h['replica_max_diff']:.2g}"]
-            rows.append(row)
-        _print_table(headers, rows)
-        if plot:
-            click.echo(f"plot written to {plot}")
-        if trace_path:
-            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
+    _emit(fmt, result, lambda r: _render_training(r, workers, algorithm, model, batch_size, link_bandwidth, plot,
+                                                  trace_path))
 
-    _emit(fmt, result, render)
+
+def _render_training(r, workers, algorithm, model, batch_size, link_bandwidth, plot, trace_path):
+    where = f", links {link_bandwidth}" if link_bandwidth else f", started by {r['launcher']}" if r.get("launcher") else ""
+    click.echo(f"gradsync train: {workers} workers, {algorithm}, {model} on digits, global batch {batch_size}{where}")
+    headers = ["epoch", "loss", "test acc.", "compute", "sync", "resync", "sent/worker"]
+    approx = algorithm != "auto" and not algorithms.get(algorithm).exact
+    if approx:
+        headers += ["grad error", "replica diff"]
+    rows = []
+    for h in r["history"]:
+        row = [h["epoch"], f"{h['loss']:.4f}", f"{h['test_accuracy']:.3f}", format_time(h["compute_s"]),
+               format_time(h["sync_s"]), format_time(h["resync_s"]) if h["resync_s"] else "-",
+               format_size(h["bytes_per_worker"])]
+        if approx:
+            row += [f"{h['grad_rel_error']:.2g}", f"{h['replica_max_diff']:.2g}"]
+        rows.append(row)
+    _print_table(headers, rows)
+    if plot:
+        click.echo(f"plot written to {plot}")
+    if trace_path:
+        click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
 
 
 def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):

@@ -112,6 +112,49 @@ def local_size(workers: int) -> int:
     return workers
 
 
+# rank, world size and ranks per machine, as each launcher names them
+LAUNCHERS = {"torchrun": ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
+             "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             "srun": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE")}
+
+
+def launched() -> dict | None:
+    """This process's place in a job started by torchrun, mpirun or srun: {launcher, rank,
+    world, local}; None when no launcher started it (then gradsync starts local workers).
+    mpirun and srun give no rendezvous address: they need MASTER_ADDR and MASTER_PORT set.
+
+    >>> launched() is None or launched()["launcher"] in LAUNCHERS
+    True
+    """
+    for name, (rank, world, local) in LAUNCHERS.items():
+        if rank in os.environ and world in os.environ:
+            if name != "torchrun" and not ("MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ):
+                raise ConfigError(f"started by {name}: set MASTER_ADDR and MASTER_PORT to rank 0's address and a "
+                                  f"free port, so the ranks can meet")
+            value = os.environ.get(local, "").split("(")[0]          # srun writes e.g. 2(x3)
+            return {"launcher": name, "rank": int(os.environ[rank]), "world": int(os.environ[world]),
+                    "local": int(value) if value.isdigit() else int(os.environ[world])}
+    return None
+
+
+def as_launched(fn, *args, timeout: float = 300.0):
+    """Run ``fn(rank, world, *args)`` as this process's rank of the job its launcher started
+    (Gloo, env:// rendezvous); return (its result, rank, world). Example: under
+    ``torchrun --nnodes 2 --nproc-per-node 2 ...``, ``as_launched(body)`` runs rank 0..3 of one group."""
+    job = launched()
+    if job is None:
+        raise ConfigError("as_launched needs a launcher (torchrun, mpirun or srun); none started this process")
+    os.environ.setdefault("RANK", str(job["rank"]))
+    os.environ.setdefault("WORLD_SIZE", str(job["world"]))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(job["local"]))
+    dist.init_process_group("gloo", init_method="env://", rank=job["rank"], world_size=job["world"],
+                            timeout=datetime.timedelta(seconds=timeout))
+    try:
+        return fn(job["rank"], job["world"], *args), job["rank"], job["world"]
+    finally:
+        dist.destroy_process_group()
+
+
 def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False,
         network=None) -> list:
     """Run ``fn(rank, workers, *args)`` in ``workers`` new processes; return their results by rank.

@@ -22,7 +22,7 @@ from .. import algorithms
 from ..errors import ConfigError, NonFiniteError
 from ..runtime import api
 from ..progress import bar as progress_bar
-from ..runtime.launch import run
+from ..runtime.launch import as_launched, launched, run
 from ..torch import comm_hook
 from . import data, models
 
@@ -188,9 +188,15 @@ def _described(options: dict) -> str:
 
 def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None, trace: bool = False) -> dict:
     """Train on ``workers`` local processes; return the configuration and per-epoch history
-    (with ``trace``, also the ranks' Chrome traces merged, under "trace")."""
+    (with ``trace``, also the ranks' Chrome traces merged, under "trace"). Started by torchrun
+    (or mpirun, srun), train as this rank of that job instead, on however many machines it
+    spans: the history is rank 0's, None on the others, and ``workers`` is the job's size."""
     from ..trace import merge
 
+    if launched() is not None:        # one rank of a job torchrun (or mpirun, srun) started, maybe on many machines
+        result, rank, workers = as_launched(worker, cfg, progress, False, timeout=cfg.timeout * 10 + 600)
+        cfg.check(workers)
+        return {"workers": workers, "config": asdict(cfg), "history": result, "rank": rank}
     cfg.check(workers)
     results = run(worker, workers, cfg, progress, trace, timeout=cfg.timeout * 10 + 600, network=network)
     if trace:
