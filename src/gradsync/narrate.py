@@ -89,6 +89,10 @@ def _rule(src, dst, first, end, op, workers, chunks, names) -> str | None:
         what = ("the chunk it gives away" if widths[0] == 1 else f"the {widths[0]} chunks it gives away") \
             if np.all(widths == widths[0]) else "the chunks it gives away"
         return f"every worker i swaps with worker i XOR {partner[0]}: each sends {what}, and the partner {general}"
+    for size in range(2, workers):                        # a ring inside each group of consecutive workers
+        if workers % size == 0 and np.all(dst == src - src % size + (src % size + 1) % size):
+            return (f"inside each group of {size} consecutive workers, every worker sends one piece to the next "
+                    f"worker of its group (the last to the first), which {one}")
     return None
 
 

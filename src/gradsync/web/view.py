@@ -250,7 +250,8 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
                        "busy_s": busy[k], "bend": bends[k]}
                       for k, l in enumerate(topo.links)]},
         "workers": n, "bytes": nbytes, "elements": schedule.elements, "time_s": result.time, "rounds": schedule.rounds,
-        "options": {k: v for k, v in schedule.options.items() if k in ("segments", "components", "eps")},
+        "options": {k: v for k, v in schedule.options.items()
+                    if k in ("segments", "components", "eps", "local_size", "inter")},
         "busbw_GBps": (nbytes / result.time) * 2 * (n - 1) / n / 1e9 if result.time > 0 else 0.0,
         "error": estimate["error"] if estimate else None, "estimate": estimate,
         "placement": result.placement.tolist(), "cells": cuts,
