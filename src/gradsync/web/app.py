@@ -6,7 +6,7 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
 - ``POST /api/simulate``: body {algorithm, topology, workers (2-64), size, bandwidth?, latency?,
   components?, eps?, fail?: {device, at (0-1 of the collective's time)}} -> topology with its
   drawing, every transfer (src, dst, round, op, offset, count, inputs carried, start, done,
-  path), the chunks, one sentence per round, the algorithm's explanation, time, busbw,
+  route: an index into ``routes``, each route's node indices once), the chunks, one sentence per round, the algorithm's explanation, time, busbw,
   CERAR's error and whether it would be refused, and the failure's outcome and recovery.
 - ``GET /api/schedule?algorithm=&workers=&elements=``: the schedule itself (gradsync.schedule/1).
 - ``GET /api/compare?size=&topology=&bandwidth=&latency=&components=&eps=&algorithm=``: time

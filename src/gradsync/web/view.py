@@ -231,7 +231,9 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     t = schedule.transfers
     names = [nd.name for nd in topo.nodes]
     placed = [names[i] for i in result.placement]
-    paths = [topo.route_nodes(placed[s], placed[d]) for s, d in zip(t["src"].tolist(), t["dst"].tolist())]
+    # each distinct route once: a ring of 64 has 8064 transfers but 64 routes
+    pairs, route = np.unique(t["src"].astype(np.int64) * len(placed) + t["dst"], return_inverse=True)
+    routes = [topo.route_nodes(placed[p // len(placed)], placed[p % len(placed)]) for p in pairs.tolist()]
     pos, bends = layout(topology, topo)
     cuts = chunk_cuts(schedule)
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
@@ -259,7 +261,8 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
-                      "done": result.done.tolist(), "path": paths},
+                      "done": result.done.tolist(), "route": route.tolist()},
+        "routes": routes,
         "failure": None,
     }
     if fail is not None:

@@ -92,6 +92,7 @@ async function refresh() {
 function load(d) {
   data = d;
   const t = d.transfers, n = t.src.length, k = d.cells.length - 1;
+  t.path = t.route.map((r) => d.routes[r]);             // routes come once each; transfers point to them
   const byStart = [...Array(n).keys()].sort((a, b) => t.start[a] - t.start[b]);
   const byDone = [...Array(n).keys()].sort((a, b) => t.done[a] - t.done[b]);
   const cut = new Float64Array(n).fill(Infinity);       // when a transfer stops (failure)
