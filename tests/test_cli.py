@@ -120,3 +120,10 @@ def test_bench_over_gloo_sums_exactly_and_calibrate_feeds_its_predictions(tmp_pa
         assert r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6), r
         assert r["time_s"] > 0 and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])    # 2(N-1)/N = 1
         assert r["predicted_s"] > 0 and r["prediction_error"] == pytest.approx(r["predicted_s"] / r["time_s"] - 1)
+
+
+def test_a_hostfile_without_mpi_is_refused_in_one_line(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    run = gradsync("bench", "--hostfile", str(hosts))
+    assert run.returncode == 2 and "a hostfile is for --backend mpi" in run.stderr and run.stderr.count("\n") == 1

@@ -55,3 +55,16 @@ def test_traces_over_mpi_merge_into_one_on_rank_0s_clock(tmp_path):
     assert trace.structure(doc, 1) == trace.structure(expected)
     for info in doc["otherData"]["gradsync"]["ranks"]:     # one machine, one clock: Cristian's bound
         assert abs(info["offset_ns"]) <= info["rtt_ns"] / 2 + 1000
+
+
+@pytest.mark.slow
+def test_bench_takes_a_hostfile_and_groups_ranks_by_machine(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=4\n")
+    out = subprocess.run([sys.executable, "-m", "gradsync", "bench", "--backend", "mpi", "--hostfile", str(hosts),
+                          "--workers", "4", "--sizes", "64KB", "--iters", "2", "--algorithms", "hierarchical",
+                          "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert [r["algorithm"] for r in rows] == ["native", "hierarchical"] and all(r["max_error"] < 1e-6 for r in rows)

@@ -503,6 +503,8 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--components", "-c", type=click.IntRange(min=1), default=None,
               help="Components, for the algorithms that take them (CERAR; default 2N).")
 @click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --backend mpi: Open MPI's hostfile, to start the ranks on several machines.")
 @click.option("--transport", type=click.Choice(["gloo", "mpi", "shm", "auto"]), default="gloo", show_default=True,
               help="What gradsync's rows run over: Gloo point-to-point, MPI (as --backend mpi), shared memory "
                    "(local workers), or auto (shared memory when the workers share a host).")
@@ -520,13 +522,16 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw busbw against size per algorithm (native included) to this PNG.")
 @format_option
-def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, transport, timeout, topology,
-          link_bandwidth, trace_path, flight_dir, plot, fmt):
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, hostfile, transport, timeout,
+          topology, link_bandwidth, trace_path, flight_dir, plot, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
 
     _png(plot)
+    if hostfile and backend != "mpi" and transport != "mpi":
+        raise click.BadParameter("a hostfile is for --backend mpi (torchrun and srun place ranks themselves)",
+                                 param_hint="'--hostfile'")
     if transport == "mpi":
         backend = "mpi"
     elif backend == "mpi" and transport != "gloo":
@@ -552,7 +557,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
     from .runtime.launch import launched
     if backend == "mpi":
-        rows, where = _bench_mpi(workers, args, timeout, link_bandwidth), f"{workers} local MPI ranks (mpirun)"
+        rows = _bench_mpi(workers, args, timeout, link_bandwidth, hostfile)
+        where = f"{workers} MPI ranks (mpirun, hosts from {hostfile})" if hostfile else f"{workers} local MPI ranks (mpirun)"
     elif launched() is not None:          # started by torchrun (mpirun, srun): be one rank of that job
         from .runtime.launch import as_launched
         rows, _, workers = as_launched(bench_mod.worker, *args, engine, timeout=timeout * 4 + 600)
@@ -640,8 +646,9 @@ def _links(workers, bandwidth, latency=None):
     return SlowLinks(workers, bandwidth, latency)
 
 
-def _bench_mpi(workers, args, timeout, link_bandwidth):
-    """Run the benchmark under mpirun (Open MPI), which starts its own local processes."""
+def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
+    """Run the benchmark under mpirun (Open MPI), which starts its processes: local ones, or on
+    the machines of ``hostfile`` (shared memory inside a machine, TCP across)."""
     import shutil
     import subprocess
 
@@ -653,7 +660,8 @@ def _bench_mpi(workers, args, timeout, link_bandwidth):
     sizes, names, iters, dtype, _, options, _ = args
     payload = json.dumps({"sizes": sizes, "names": names, "iters": iters, "dtype": dtype, "timeout": timeout,
                           "options": options, "external": algorithms.external()})
-    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+    where = ["--hostfile", hostfile, "--mca", "btl", "self,vader,tcp"] if hostfile else ["--mca", "btl", "self,vader"]
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", *where,
            sys.executable, "-m", "gradsync.runtime.bench", payload]
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout * 4 + 600)

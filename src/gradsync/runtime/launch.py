@@ -103,10 +103,11 @@ def _one_openmp_thread():
 
 def local_size(workers: int) -> int:
     """Workers per machine in this launch, for algorithms that group by machine: GRADSYNC_LOCAL_SIZE,
-    else torchrun's (and gradsync's own launcher's) LOCAL_WORLD_SIZE, if it divides ``workers``;
-    else ``workers`` (one machine). ``local_size(4)`` is 4 outside any launcher."""
-    for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
-        value = os.environ.get(key, "")
+    else what the launcher says (torchrun's and gradsync's own LOCAL_WORLD_SIZE, Open MPI's,
+    Slurm's), if it divides ``workers``; else ``workers`` (one machine). ``local_size(4)`` is 4
+    outside any launcher."""
+    for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(key, "").split("(")[0]              # srun writes e.g. 2(x3)
         if value.isdigit() and int(value) >= 1 and workers % int(value) == 0:
             return int(value)
     return workers
