@@ -500,3 +500,24 @@ def test_work_over_the_budget_is_answered_busy_then_served_from_the_cache(client
     monkeypatch.setattr(view, "REQUEST_BUDGET_S", 30.0)
     again = client.post("/api/simulate", json=body)
     assert again.status_code == 200 and again.json()["workers"] == 13
+
+
+def test_the_static_export_plays_from_plain_files(browser, tmp_path):
+    run = subprocess.run([sys.executable, "-m", "gradsync", "serve", "--export", str(tmp_path / "view")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto((tmp_path / "view" / "index.html").as_uri())              # file://: no server at all
+    page.wait_for_function("window.gradsyncStats && window.gradsyncStats.timeS > 0")
+    page.select_option("#topology", "pcie-switch-4")
+    page.select_option("#algorithm", "sharded")
+    page.wait_for_function("document.querySelector('#summary').textContent.startsWith('sharded on pcie-switch-4')")
+    # the exported timeline is the simulator's: D2L's 15 ms for sharded aggregation on 4 GPUs
+    assert float(page.get_attribute("#total-time", "data-time-s")) == pytest.approx(0.015, rel=1e-3)
+    page.wait_for_function("window.gradsyncStats.chartApplied >= document.querySelector('#algorithm').options.length")
+    assert page.is_disabled("#workers") and page.is_disabled("#fail")
+    page.close()
+    assert errors == []

@@ -742,9 +742,22 @@ def store(host, port, timeout):
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (loopback by default; name another to expose it).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-def serve(host, port):
+@click.option("--export", "export_dir", type=click.Path(file_okay=False), default=None,
+              help="Instead of serving, write the view as plain files into this folder (opens from file://).")
+def serve(host, port, export_dir):
     """Serve the live view of every algorithm in the browser (no internet needed)."""
     import threading
+
+    if export_dir:
+        from .web.export import export
+
+        try:
+            keys = export(export_dir)
+        except OSError as e:
+            raise click.BadParameter(f"cannot write {export_dir!r}: {e.strerror}", param_hint="'--export'")
+        click.echo(f"wrote the live view and {len(keys) - 1} precomputed files to {export_dir}/: "
+                   f"open {export_dir}/index.html")
+        return
 
     import uvicorn
 

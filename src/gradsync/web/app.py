@@ -36,7 +36,7 @@ from . import view
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_SIZE_BYTES = 4 * 10**9
-TOPOLOGIES = ("ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowbw-cluster")
+TOPOLOGIES = view.TOPOLOGIES
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 
 

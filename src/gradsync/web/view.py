@@ -33,6 +33,7 @@ MAX_COMPONENTS_PER_WORKER = 3  # CERAR designs the view builds: c <= 3N (beyond,
 BANDWIDTH_RANGE = (1e3, 1e13)  # bytes/s the view accepts: 1 KB/s to 10 TB/s
 LATENCY_RANGE = (0.0, 1.0)     # seconds
 BOOK_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
+TOPOLOGIES = ("ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowbw-cluster")   # what the page offers
 FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
 
 
@@ -301,7 +302,7 @@ def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, laten
         algorithms_ = tuple(a for a in algorithms.names() if algorithms.get(a).accepts("float32"))
     _links(bandwidth, latency)       # bad values are refused before any work
     args = (size, topology, bandwidth, latency, components, eps, tuple(algorithms_))
-    return CHARTS.run(("comparing",) + args, _comparison, *args)
+    return CHARTS.run(("comparing",) + args, compare_now, *args)
 
 
 def _compare_workers(topology: str) -> tuple[int, ...]:
@@ -312,7 +313,8 @@ def _compare_workers(topology: str) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=32)
-def _comparison(size: int, topology: str, bandwidth, latency, components, eps, algorithms_: tuple) -> dict:
+def compare_now(size: int, topology: str, bandwidth, latency, components, eps, algorithms_: tuple) -> dict:
+    """``comparison``, computed now (no budget): for the background worker and the export."""
     workers = _compare_workers(topology)
     curves = {}
     for name in algorithms_:
@@ -344,7 +346,7 @@ def warm_up() -> None:
     simulation("ring", "ring", 8, 160_000_000)
     names = [a for a in algorithms.names() if algorithms.get(a).accepts("float32")]
     for name in names:
-        _comparison(160_000_000, "pcie-switch-4", None, None, None, None, (name,))
+        compare_now(160_000_000, "pcie-switch-4", None, None, None, None, (name,))
     for workers in (16, 32, 64):
         for name in names:
             try:

@@ -45,6 +45,22 @@ function fit(canvas, height) {
 }
 
 // ---- requests ----------------------------------------------------------------------------------
+// A static export (gradsync serve --export) has no server: its data are scripts that call
+// window.gradsyncData(key, value), loaded on demand (they also load from file:// URLs).
+const STATIC = window.GRADSYNC_STATIC === true;
+const exported = {};
+window.gradsyncData = (key, value) => { exported[key] = value; };
+function staticData(key) {
+  return new Promise((ok, fail) => {
+    if (key in exported) return ok(exported[key]);
+    const script = document.createElement("script");
+    script.src = `data/${key}.js`;
+    script.onload = () => (key in exported ? ok(exported[key]) : fail(new Error(`no data for ${key}`)));
+    script.onerror = () => fail(new Error(`this export has no ${key.replace(/-/g, " ")}: run gradsync serve for it`));
+    document.head.appendChild(script);
+  });
+}
+
 function filled(id) { return $(id).value.trim() !== ""; }
 function params() {
   const p = { algorithm: $("algorithm").value, topology: $("topology").value,
@@ -65,6 +81,14 @@ async function refresh() {
   stats.pending = true;
   $("status").textContent = "simulating…";
   try {
+    if (STATIC) {
+      const body = await staticData(`sim-${$("algorithm").value}-${$("topology").value}`);
+      if (seq !== simSeq) return;
+      stats.pending = false; $("status").textContent = "";
+      const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
+      load(body); advanceTo(keep * body.time_s);
+      return;
+    }
     const r = await fetch("api/simulate", { method: "POST", headers: { "content-type": "application/json" },
                                            body: JSON.stringify(params()), signal: simController.signal });
     const fetched = performance.now();
@@ -580,7 +604,12 @@ async function loadChart() {
     try {
       stats.chartRequests++;
       let r, c;
-      for (;;) {                                                // 202: accepted, still computing: ask again
+      if (STATIC) {
+        c = await staticData(`compare-${$("topology").value}-${name}`);
+        if (seq !== chart.seq) return;
+        r = { ok: true, status: 200 };
+      }
+      for (; !STATIC;) {                                        // 202: accepted, still computing: ask again
         r = await fetch(chartQuery(name), { signal });
         c = await r.json();
         if (seq !== chart.seq) return;                          // ...and one that still lands is ignored
@@ -688,7 +717,8 @@ function syncWorkersField() {
   if (fixed) {
     field.max = String(fixed);
     field.value = String(fixed);                      // the whole machine; fewer can be chosen after
-    $("workers-note").textContent = `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
+    $("workers-note").textContent = STATIC ? `a static export: ${fixed} workers on ${$("topology").value}; algorithm and ` +
+      "topology only (run gradsync serve for the rest)" : `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
   } else { field.max = "64"; $("workers-note").textContent = ""; }
 }
 
@@ -701,7 +731,12 @@ function legendHtml() {
 
 async function init() {
   legendHtml();
-  const presets = await (await fetch("api/presets")).json();
+  const presets = STATIC ? await staticData("presets") : await (await fetch("api/presets")).json();
+  if (STATIC) {                        // only what was exported can be chosen
+    for (const id of ["workers", "size", "bandwidth", "latency", "components", "eps", "fail-device", "fail-at", "fail", "heal"])
+      $(id).disabled = true;
+    $("size").value = presets.static.size;
+  }
   fixedWorkers = presets.fixed_workers || {};
   $("algorithm").innerHTML = presets.algorithms.map((a) => `<option>${a}</option>`).join("");
   $("topology").innerHTML = presets.topologies.map((a) => `<option>${a}</option>`).join("");
