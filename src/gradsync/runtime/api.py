@@ -106,7 +106,8 @@ class Work:
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
-               check_finite: bool = False, async_op: bool = False, **options):
+               check_finite: bool = False, async_op: bool = False, compression=None, compression_key=None,
+               **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
     Like ``torch.distributed.all_reduce``: every rank calls it with a tensor of the same shape
@@ -123,6 +124,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     is free of NaN and Inf: if one is not, every rank raises ``MismatchError`` naming it,
     before anything is summed (off by default: it reads the tensor once more).
 
+    ``compression`` (a float tensor only): a codec of ``gradsync.compression``, as text
+    (``"fp16"``, ``"powersgd:rank=4"``, ``"topk:ratio=0.01"``) or a ``Codec``; the algorithm then
+    runs the codec's payload. Text makes a new codec per call: pass one ``Codec`` to keep error
+    feedback and warm starts across calls, per ``compression_key`` (default: shape and dtype).
+
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
 
         grad = torch.ones(1000)
@@ -136,14 +142,34 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
         raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout
+    codec = None
+    if compression is not None:
+        codec = compressed_codec(tensor, algorithm, compression)
     transport = DistributedTransport(group, stall_warning)
     try:
-        collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options)
+        if codec is not None:
+            from .compressed import CompressedAllReduce, TransportExchange
+            exchange = TransportExchange(transport, algorithm, options, deadline, check)
+            collective = CompressedAllReduce(tensor, codec, exchange, op, compression_key)
+        else:
+            collective = prepare(tensor, algorithm, op, transport, deadline, check, check_finite, options)
     except BaseException:
         transport.close()
         raise
     future = collective.start(inline=not async_op)
     return Work(future) if async_op else future.wait()
+
+
+def compressed_codec(tensor, algorithm: str, compression):
+    """The codec of ``all_reduce(..., compression=...)``, checked before anything is posted:
+    ``compressed_codec(torch.ones(4), "ring", "fp16").label`` is 'fp16'."""
+    from .. import compression as codecs
+    codec = codecs.make(compression)
+    if not tensor.is_floating_point():
+        raise ConfigError(f"compression {codec.label!r} needs a float tensor, got {tensor.dtype}")
+    if algorithm != "auto":
+        algorithms.get(algorithm)
+    return codec
 
 
 def check_call(tensor, op: str, timeout) -> float:

@@ -1,0 +1,61 @@
+"""Scaled sign compression with error feedback (Karimireddy et al., "Error Feedback Fixes SignSGD
+and other Gradient Compression Schemes", ICML 2019; the 1-bit codecs of BytePS and DeepSpeed).
+
+Each worker sends one bit per entry, the sign of its gradient plus carried error (>= 0 is +),
+and one float32 scale, the mean magnitude ||x||_1 / n, so that scale x sign keeps the gradient's
+L1 norm; it carries x - scale x sign to the next step. Bits and scale go by all-gather; every
+worker sums scale_w x sign_w over the workers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Codec, Wire, with_feedback
+
+SUMMARY = "1 bit per entry plus a float32 scale, with error feedback; all-gathered"
+_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+
+
+def pack(bits: torch.Tensor) -> torch.Tensor:
+    """Booleans to bytes, most significant bit first (as numpy.packbits):
+    ``pack(torch.tensor([True] + [False] * 7)).tolist()`` is [128]."""
+    padded = torch.zeros(-(-bits.numel() // 8) * 8, dtype=torch.uint8)
+    padded[:bits.numel()] = bits.to(torch.uint8)
+    return (padded.view(-1, 8) * _WEIGHTS).sum(1, dtype=torch.uint8)
+
+
+def unpack(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """Bytes (..., m) to booleans (..., count): the inverse of ``pack``."""
+    bits = (packed.unsqueeze(-1) & _WEIGHTS).ne(0)
+    return bits.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+class Sign(Codec):
+    """``Sign().reduce(grad, exchange, key=bucket)`` sums the workers' scaled signs into ``grad``;
+    option ``error_feedback``."""
+
+    name = "sign"
+    stateful = True
+
+    def reduce(self, flat, exchange, key=None):
+        n = flat.numel()
+        if n == 0:
+            return flat
+        work, error = with_feedback(self, flat.view(-1), key)
+        positive = work >= 0
+        scale = work.abs().mean().reshape(1)
+        if error is not None:
+            error.copy_(work - torch.where(positive, scale, -scale))
+        payload = torch.cat([pack(positive), scale.view(torch.uint8)])
+        gathered = exchange.all_gather(payload)
+        scales = gathered[:, -4:].contiguous().view(torch.float32)            # (workers, 1)
+        signs = unpack(gathered[:, :-4], n).to(torch.float32) * 2 - 1          # (workers, n)
+        flat.view(-1).copy_((signs * scales).sum(0))
+        return flat
+
+    def wire(self, workers, elements):
+        return [Wire(("all_gather", -(-elements // 8) + 4, "uint8"))]
+
+    def compute_elements(self, elements):
+        return 4.0 * elements        # sign and scale, packing, unpacking, the scaled sum

@@ -1,0 +1,245 @@
+"""Compression codecs against numpy float64 references of the same method, run multi-rank over
+the in-memory transport; error feedback keeps the accumulated error bounded."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gradsync import compression
+from gradsync.compression import powersgd, topk
+from gradsync.errors import ConfigError
+from gradsync.runtime.compressed import CompressedAllReduce, TransportExchange, gather_offsets
+from gradsync.runtime.transport import MemoryTransport
+
+
+def run_steps(steps, spec, algorithm="ring", op="sum", **options):
+    """Each rank's result per step: ``steps[t][r]`` is rank r's input at step t; every rank has
+    its own codec (its own error feedback), as separate processes would."""
+    workers = len(steps[0])
+    transports = MemoryTransport.group(workers, seed=7)
+    codecs = [compression.make(spec) for _ in range(workers)]
+    out = [[None] * workers for _ in steps]
+
+    def rank(r):
+        try:
+            for t, inputs in enumerate(steps):
+                x = inputs[r].clone()
+                exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 20)
+                CompressedAllReduce(x, codecs[r], exchange, op, key="bucket").start(inline=True).wait()
+                out[t][r] = x
+        except Exception as exc:        # noqa: BLE001 - reported to the test
+            out[len(steps) - 1][r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for row in out:
+        for x in row:
+            if isinstance(x, Exception):
+                raise x
+    return out
+
+
+def gradients(rng, workers, elements, steps=1):
+    return [[torch.tensor(rng.standard_normal(elements), dtype=torch.float32) for _ in range(workers)]
+            for _ in range(steps)]
+
+
+def as64(steps):
+    return [[x.double().numpy() for x in row] for row in steps]
+
+
+def same_on_every_rank(out):
+    for row in out:
+        for x in row[1:]:
+            assert torch.equal(x, row[0])
+
+
+# --- references: the methods in numpy float64, written from their papers -----------------------
+
+def ref_cast(xs, dtype):
+    n = len(xs)
+    cast = [torch.tensor(x / n, dtype=torch.float32).to(dtype).double().numpy() for x in xs]
+    return n * np.sum(cast, axis=0)
+
+
+def ref_topk(steps, ratio):
+    errors = [np.zeros_like(x) for x in steps[0]]
+    outs = []
+    for xs in steps:
+        total = np.zeros_like(xs[0])
+        for w, x in enumerate(xs):
+            work = x + errors[w]
+            k = topk.kept(len(x), ratio)
+            keep = np.argpartition(-np.abs(work), k - 1)[:k]
+            total[keep] += work[keep]
+            errors[w] = work.copy()
+            errors[w][keep] = 0
+        outs.append(total)
+    return outs
+
+
+def ref_sign(steps):
+    errors = [np.zeros_like(x) for x in steps[0]]
+    outs = []
+    for xs in steps:
+        total = np.zeros_like(xs[0])
+        for w, x in enumerate(xs):
+            work = x + errors[w]
+            sent = np.abs(work).mean() * np.where(work >= 0, 1.0, -1.0)
+            total += sent
+            errors[w] = work - sent
+        outs.append(total)
+    return outs
+
+
+def ref_powersgd(steps, r):
+    n = len(steps[0][0])
+    rows, cols = powersgd.shape(n)
+    r = min(r, rows, cols)
+    q = powersgd.initial_q(cols, r).double().numpy()
+    errors = [np.zeros(n) for _ in steps[0]]
+    outs = []
+    for xs in steps:
+        ms = []
+        for w, x in enumerate(xs):
+            m = np.zeros(rows * cols)
+            m[:n] = x + errors[w]
+            ms.append(m.reshape(rows, cols))
+        p_hat, _ = np.linalg.qr(sum(m @ q for m in ms))
+        qs = [m.T @ p_hat for m in ms]
+        for w, m in enumerate(ms):
+            errors[w] = (m - p_hat @ qs[w].T).reshape(-1)[:n]
+        q = sum(qs)
+        outs.append((p_hat @ q.T).reshape(-1)[:n])
+    return outs
+
+
+def close(result, reference, tol):
+    scale = np.abs(reference).max() or 1.0
+    assert np.abs(result.double().numpy() - reference).max() <= tol * scale
+
+
+# --- the codecs against their references ------------------------------------------------------
+
+@pytest.mark.parametrize("workers,elements", [(2, 1), (3, 1000), (5, 777)])
+@pytest.mark.parametrize("name,dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_cast_matches_reference(rng, workers, elements, name, dtype):
+    steps = gradients(rng, workers, elements)
+    out = run_steps(steps, name)
+    same_on_every_rank(out)
+    reference = ref_cast(as64(steps)[0], dtype)
+    # summing in the narrow type along the ring adds one rounding per hop
+    close(out[0][0], reference, (workers + 1) * (2**-10 if dtype == torch.float16 else 2**-7))
+    # the sum really travelled in the narrow type: result / N is representable in it
+    shared = out[0][0] / workers
+    assert torch.equal(shared.to(dtype).float(), shared)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling"])
+def test_cast_under_any_exact_schedule(rng, algorithm):
+    steps = gradients(rng, 4, 500)
+    close(run_steps(steps, "fp16", algorithm)[0][0], ref_cast(as64(steps)[0], torch.float16), 5 * 2**-10)
+
+
+@pytest.mark.parametrize("workers,elements,ratio", [(2, 10, 0.3), (3, 1000, 0.01), (4, 513, 0.05), (5, 7, 1)])
+def test_topk_matches_reference_over_steps(rng, workers, elements, ratio):
+    steps = gradients(rng, workers, elements, steps=3)
+    out = run_steps(steps, f"topk:ratio={ratio}")
+    same_on_every_rank(out)
+    for t, reference in enumerate(ref_topk(as64(steps), ratio)):
+        close(out[t][0], reference, 1e-5)
+
+
+@pytest.mark.parametrize("workers,elements", [(2, 1), (3, 1000), (4, 13)])
+def test_sign_matches_reference_over_steps(rng, workers, elements):
+    steps = gradients(rng, workers, elements, steps=3)
+    out = run_steps(steps, "sign")
+    same_on_every_rank(out)
+    for t, reference in enumerate(ref_sign(as64(steps))):
+        close(out[t][0], reference, 1e-5)
+
+
+@pytest.mark.parametrize("workers,elements,r", [(2, 100, 1), (3, 1000, 4), (4, 37, 2), (2, 3, 8)])
+def test_powersgd_matches_reference_over_steps(rng, workers, elements, r):
+    steps = gradients(rng, workers, elements, steps=3)
+    out = run_steps(steps, f"powersgd:rank={r}")
+    same_on_every_rank(out)
+    for t, reference in enumerate(ref_powersgd(as64(steps), r)):
+        close(out[t][0], reference, 1e-4)
+
+
+def test_powersgd_full_rank_is_exact(rng):
+    """With r = cols the projection keeps everything: the exact sum."""
+    steps = gradients(rng, 3, 16)
+    out = run_steps(steps, "powersgd:rank=4")
+    close(out[0][0], np.sum(as64(steps)[0], axis=0), 1e-5)
+
+
+def test_average_divides_the_sum(rng):
+    steps = gradients(rng, 3, 200)
+    close(run_steps(steps, "sign", op="avg")[0][0], ref_sign(as64(steps))[0] / 3, 1e-5)
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.1", "sign", "powersgd:rank=1"])
+def test_error_feedback_keeps_the_accumulated_error_bounded(rng, spec):
+    """Sum over steps of (decompressed aggregate - exact sum): with error feedback it is minus
+    the errors still carried, bounded; without, every step adds the same bias."""
+    workers, elements, total = 3, 400, 40
+    base = [rng.standard_normal(elements) for _ in range(workers)]
+    steps = [[torch.tensor(b + 0.1 * rng.standard_normal(elements), dtype=torch.float32) for b in base]
+             for _ in range(total)]
+    exact = [np.sum(row, axis=0) for row in as64(steps)]
+
+    def accumulated(options):
+        out = run_steps(steps, spec + options)
+        return [np.linalg.norm(np.sum([out[t][0].double().numpy() - exact[t] for t in range(s)], axis=0))
+                for s in (10, 20, total)]
+
+    with_ef = accumulated("")
+    without = accumulated((":" if ":" not in spec else ",") + "error_feedback=false")
+    assert with_ef[-1] <= 2 * max(with_ef[0], with_ef[1])      # no growth with the number of steps
+    assert without[-1] >= 3 * without[0]                      # grows about linearly without
+    assert with_ef[-1] < without[-1] / 2
+
+
+def test_gather_places_each_worker_in_its_ring_segment():
+    offsets = gather_offsets(4, 3)
+    assert sorted(offsets.tolist()) == [0, 3, 6, 9]
+
+
+def test_state_is_bounded():
+    codec = compression.make("sign")
+    for key in range(compression.base.STATES + 10):
+        codec.state(key, lambda: 0)
+    assert len(codec._states) == compression.base.STATES
+
+
+@pytest.mark.parametrize("text,message", [
+    ("gzip", "unknown compression 'gzip': expected one of fp16, bf16, powersgd, topk, sign"),
+    ("topk:ratio=0", "option ratio must be a number in (0, 1], got 0"),
+    ("powersgd:rank=0", "option rank must be an integer >= 1, got 0"),
+    ("powersgd:rnk=2", "unknown option 'rnk' (it takes rank, error_feedback, seed)"),
+    ("fp16:rank=2", "unknown option 'rank' (it takes no options)"),
+    ("topk:0.01", "expected key=value after ':', got '0.01'"),
+    ("", "compression must be a codec name"),
+])
+def test_bad_codecs_are_named(text, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        compression.make(text)
+    assert message in str(info.value)
+
+
+def test_wire_bytes_shrink():
+    n = 1_000_000
+    (fp,), (p, q), (tk,), (sg,) = (compression.make(s).wire(4, n) for s in
+                                   ("fp16", "powersgd:rank=4", "topk:ratio=0.01", "sign"))
+    assert (fp.elements, fp.dtype) == (n, "float16")
+    assert p.elements + q.elements == 4 * (1000 + 1000)
+    assert (tk.kind, tk.elements) == ("all_gather", 2 * 10_000)
+    assert sg.elements == n // 8 + 4
