@@ -243,3 +243,42 @@ def test_wire_bytes_shrink():
     assert p.elements + q.elements == 4 * (1000 + 1000)
     assert (tk.kind, tk.elements) == ("all_gather", 2 * 10_000)
     assert sg.elements == n // 8 + 4
+
+
+# --- over Gloo, through the public entry points ----------------------------------------------
+
+def test_all_reduce_with_compression_over_gloo():
+    import compression_bodies as bodies
+    from gradsync.runtime import run
+
+    workers = 3
+    results = run(bodies.all_reduce_codecs, workers)
+    xs = [bodies.inputs(r).double().numpy() for r in range(workers)]
+    for r in results:
+        close(torch.tensor(r["fp16"]), ref_cast(xs, torch.float16), 4 * 2**-10)
+        close(torch.tensor(r["bf16"]), ref_cast(xs, torch.bfloat16), 4 * 2**-7)
+        close(torch.tensor(r["topk:ratio=1"]), np.sum(xs, axis=0), 1e-6)
+        close(torch.tensor(r["sign"]), ref_sign([xs])[0], 1e-5)
+        close(torch.tensor(r["powersgd:rank=2"]), ref_powersgd([xs], 2)[0], 1e-4)
+        kept = ref_topk([xs] * 3, 0.05)
+        for step in range(3):
+            close(torch.tensor(r[f"topk-kept-{step}"]), kept[step] / workers, 1e-5)
+
+
+def test_ddp_comm_hook_with_compression():
+    import compression_bodies as bodies
+    from gradsync.runtime import run
+
+    for errors in run(bodies.ddp_hook_codecs, 2):
+        assert errors["topk:ratio=1"] < 1e-6          # keeps everything: exact
+        assert 0 < errors["fp16"] < 1e-3
+        assert 0.05 < errors["powersgd:rank=1"] < 1    # rank 1 of 30x20 and 5x30 weights: lossy, not garbage
+
+
+def test_all_reduce_refuses_bad_compression_before_posting():
+    from gradsync.runtime.api import compressed_codec
+
+    with pytest.raises(ConfigError, match="needs a float tensor"):
+        compressed_codec(torch.ones(3, dtype=torch.int32), "ring", "fp16")
+    with pytest.raises(ConfigError, match="unknown algorithm|not a registered|ringg"):
+        compressed_codec(torch.ones(3), "ringg", "fp16")
