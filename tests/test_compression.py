@@ -282,3 +282,69 @@ def test_all_reduce_refuses_bad_compression_before_posting():
         compressed_codec(torch.ones(3, dtype=torch.int32), "ring", "fp16")
     with pytest.raises(ConfigError, match="unknown algorithm|not a registered|ringg"):
         compressed_codec(torch.ones(3), "ringg", "fp16")
+
+
+# --- the cost of a codec: the simulator on its wire, plus its compute --------------------------
+
+def test_prediction_is_the_simulated_wire_plus_codec_time():
+    from gradsync import algorithms
+    from gradsync.compression.predict import predict
+    from gradsync.simulate import simulate
+    from gradsync.topology import preset
+
+    topo, n, workers = preset("ethernet", workers=4, nic="100Mbit"), 1 << 20, 4
+    fp16 = predict("fp16", "ring", topo, n, rate=1e8)
+    assert fp16["wire_s"] == pytest.approx(simulate(algorithms.build("ring", 4, n), topo, 2).time)
+    assert fp16["codec_s"] == pytest.approx(n / 1e8)
+    # an all-gather of m per worker: each sends (N - 1) m, about (N - 1) m bytes / bandwidth
+    sign = predict("sign", "ring", topo, n, rate=1e12)
+    m = n // 8 + 4
+    assert sign["bytes"] == pytest.approx((workers - 1) * m)
+    assert sign["wire_s"] == pytest.approx((workers - 1) * m / 12.5e6, rel=0.05)
+    # PowerSGD r = 1: two all-reduces of 1024 floats instead of one of a million
+    power = predict("powersgd:rank=1", "ring", topo, n, rate=1e12)
+    assert power["bytes"] == pytest.approx(2 * 3 / 4 * 2 * 1024 * 4)
+
+
+def test_one_step_error_orders_the_codecs():
+    from gradsync.compression.predict import one_step_error
+
+    errors = {s: one_step_error(s, 3, 4096) for s in ("fp16", "bf16", "sign", "topk:ratio=0.01")}
+    assert errors["fp16"] < 1e-3 < errors["bf16"] < 1e-2 < errors["sign"] < errors["topk:ratio=0.01"] < 1
+
+
+# --- the command line --------------------------------------------------------------------------
+
+def cli(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "gradsync", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compare", "-z", "gzip"], "unknown compression 'gzip'"),
+    (["tune", "-z", "topk:ratio=2"], "option ratio must be a number in (0, 1], got 2"),
+    (["bench", "-z", "powersgd:rank=0"], "option rank must be an integer >= 1, got 0"),
+    (["bench", "-z", "fp16", "--backend", "mpi"], "'--compression'"),
+    (["train", "-z", "sign:ratio=0.1"], "unknown option 'ratio' (it takes error_feedback)"),
+])
+def test_bad_compression_is_one_line_and_exit_code_2(args, needle):
+    run = cli(*args)
+    assert run.returncode == 2
+    assert needle in run.stderr and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+def test_compare_and_tune_report_codecs_with_their_error():
+    import json
+
+    run = cli("compare", "-t", "ethernet", "-n", "4", "--size", "4MB", "--algorithms", "ring",
+              "-z", "fp16", "-z", "sign", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    rows = {r["algorithm"]: r for r in json.loads(run.stdout)}
+    assert rows["ring+fp16"]["bytes"] == pytest.approx(rows["ring"]["busiest_link_bytes"] / 2)
+    assert 0 < rows["ring+fp16"]["error"] < 1e-3 < rows["ring+sign"]["error"] < 1
+    run = cli("tune", "-t", "ethernet", "-n", "4", "--min-size", "1MB", "--max-size", "4MB", "-z", "bf16",
+              "--format", "json")
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert all("ring+bf16" in r["times_s"] for r in out["rows"]) and 0 < out["codec_errors"]["ring+bf16"] < 1e-2

@@ -42,10 +42,14 @@ class TrainConfig:
     resync_every: int = 0             # broadcast rank 0's parameters every K steps (0: never)
     seed: int = 0
     timeout: float = 60.0
+    compression: str | None = None    # a gradsync.compression codec, e.g. "powersgd:rank=4"
 
     def check(self, workers: int) -> "TrainConfig":
         if self.algorithm != "auto":
             algorithms.get(self.algorithm)
+        if self.compression is not None:
+            from ..compression import make
+            make(self.compression)
         if self.model not in models.MODELS:
             raise ConfigError(f"unknown model {self.model!r}: expected one of {', '.join(models.MODELS)}")
         for name, value, low in (("epochs", self.epochs, 1), ("batch_size", self.batch_size, workers),
@@ -71,7 +75,9 @@ class SyncMeter:
     def __init__(self, cfg: TrainConfig, rank: int, workers: int):
         self.cfg, self.rank, self.workers = cfg, rank, workers
         self.approximate = not algorithms.get(cfg.algorithm).exact if cfg.algorithm != "auto" else False
-        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, **cfg.options())
+        self.approximate = self.approximate or cfg.compression is not None
+        self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, compression=cfg.compression, **cfg.options())
+        self._sent: dict = {}         # bucket elements -> bytes this worker sends, one entry per bucket size
         self.reset()
 
     def reset(self):
@@ -92,19 +98,30 @@ class SyncMeter:
         if algorithm == "auto":
             algorithm, options = api.pick(tensor, self.workers)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        schedule = api.compiled(algorithm, self.workers, tensor.numel(), dtype, api.frozen(options), self.rank).schedule
+        if tensor.numel() not in self._sent:
+            self._sent[tensor.numel()] = self._bytes_sent(algorithm, options, tensor.numel(), dtype, tensor.element_size())
+        sent = self._sent[tensor.numel()]
         start = time.perf_counter()
 
         def done(future):
             result = future.value()
             self.sync_s += time.perf_counter() - start
-            self.bytes += int(schedule.elements_sent()[self.rank]) * tensor.element_size()
+            self.bytes += sent
             if exact is not None:
                 self.err_sq += float((result - exact).pow(2).sum())
                 self.exact_sq += float(exact.pow(2).sum())
             return result
 
         return self.sync(state, bucket).then(done)
+
+    def _bytes_sent(self, algorithm, options, elements, dtype, itemsize) -> int:
+        """Bytes this worker sends for a bucket, counted from the schedules (the codec's, if any)."""
+        if self.cfg.compression is None:
+            schedule = api.compiled(algorithm, self.workers, elements, dtype, api.frozen(options), self.rank).schedule
+            return int(schedule.elements_sent()[self.rank]) * itemsize
+        from ..compression.predict import ITEMSIZE, wire_schedules
+        return sum(int(s.elements_sent()[self.rank]) * ITEMSIZE[d]
+                   for s, d in wire_schedules(self.cfg.compression, algorithm, self.workers, elements, options))
 
 
 def _replica_spread(model) -> float:
