@@ -348,3 +348,48 @@ def test_compare_and_tune_report_codecs_with_their_error():
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert all("ring+bf16" in r["times_s"] for r in out["rows"]) and 0 < out["codec_errors"]["ring+bf16"] < 1e-2
+
+
+def test_powersgd_with_a_layout_compresses_each_weight_and_sends_vectors_exactly(rng):
+    """The DDP hook's layout: a matrix per weight (first dimension by the rest), vectors exact;
+    against the paper's steps per matrix in numpy, over 3 steps with error feedback."""
+    shapes, workers, r = [(6, 10), (10,), (4, 3, 2)], 3, 1
+    n = sum(int(np.prod(s)) for s in shapes)
+    steps = gradients(rng, workers, n, steps=3)
+    transports = MemoryTransport.group(workers, seed=3)
+    out = [[None] * workers for _ in steps]
+
+    def rank(w):
+        codec = compression.make("powersgd:rank=1")
+        codec.layout("b", shapes)
+        for t, inputs in enumerate(steps):
+            x = inputs[w].clone()
+            CompressedAllReduce(x, codec, TransportExchange(transports[w], "ring", {}, time.monotonic() + 20),
+                                key="b").start(inline=True).wait()
+            out[t][w] = x
+
+    threads = [threading.Thread(target=rank, args=(w,)) for w in range(workers)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    same_on_every_rank(out)
+    # numpy: per matrix, the paper's steps with its own Q and error; the vector summed exactly
+    qs = {0: powersgd.initial_q(10, r).double().numpy(), 70: powersgd.initial_q(6, r).double().numpy()}
+    errors = [np.zeros(n) for _ in range(workers)]
+    for t, xs in enumerate(as64(steps)):
+        works = [x + e for x, e in zip(xs, errors)]
+        expected = np.zeros(n)
+        expected[60:70] = np.sum([w[60:70] for w in works], axis=0)
+        for offset, rows, cols in ((0, 6, 10), (70, 4, 6)):
+            ms = [w[offset:offset + rows * cols].reshape(rows, cols) for w in works]
+            p_hat, _ = np.linalg.qr(sum(m @ qs[offset] for m in ms))
+            mine = [m.T @ p_hat for m in ms]
+            for w, m in enumerate(ms):
+                errors[w][offset:offset + rows * cols] = (m - p_hat @ mine[w].T).reshape(-1)
+            qs[offset] = sum(mine)
+            expected[offset:offset + rows * cols] = (p_hat @ qs[offset].T).reshape(-1)
+        for w in range(workers):
+            errors[w][60:70] = 0
+        close(out[t][0], expected, 1e-4)
+    codec = compression.make("powersgd:rank=1")
+    codec.layout("b", shapes)
+    assert [w.elements for w in codec.wire(workers, n, key="b")] == [6 + 4, 10 + 10 + 6]

@@ -31,6 +31,8 @@ def comm_hook(algorithm: str = "ring", timeout: float | None = None, compression
 
     def hook(state, bucket):   # no annotation: DDP compares it with the evaluated Future[Tensor]
         extra = {} if codec is None else {"compression": codec, "compression_key": bucket.index()}
+        if hasattr(codec, "layout"):             # PowerSGD: one matrix per weight, as the paper
+            codec.layout(bucket.index(), [g.shape for g in bucket.gradients()])
         work = all_reduce(bucket.buffer(), algorithm=algorithm, op="avg", group=state, timeout=timeout,
                           async_op=True, **extra, **options)
         return work.get_future()

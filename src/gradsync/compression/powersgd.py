@@ -38,41 +38,93 @@ def initial_q(cols: int, rank: int, seed: int = 0) -> torch.Tensor:
 
 class PowerSgd(Codec):
     """``PowerSgd(rank=4).reduce(grad, exchange, key=bucket)`` sums a rank-4 approximation of the
-    workers' gradients into ``grad``; options ``rank`` (r >= 1), ``error_feedback``, ``seed``."""
+    workers' gradients into ``grad``; options ``rank`` (r >= 1), ``error_feedback``, ``seed``.
+
+    ``layout(key, shapes)`` tells it the tensors a bucket holds (the DDP hook does): then, as
+    in the paper and DDP's PowerSGD hook, each tensor of 2 or more dimensions is its own matrix
+    (first dimension by the rest), and vectors and matrices too small to gain from rank r go
+    exactly, in the second all-reduce. Without a layout the bucket is one near-square matrix.
+    """
 
     name = "powersgd"
     stateful = True
 
-    def _rank(self, rows, cols):
-        return min(self.options.get("rank", 1), rows, cols)
+    def layout(self, key, shapes) -> None:
+        """The shapes of the tensors that fill bucket ``key``, in order."""
+        self.state(("layout", key), lambda: None)
+        self._states[("layout", key)] = [tuple(s) for s in shapes]
+
+    def _pieces(self, elements: int, key) -> list[tuple[int, int, int, bool]]:
+        """(offset, rows, cols, compressed) covering the bucket: one padded matrix by default."""
+        shapes = self._states.get(("layout", key))
+        r = self.options.get("rank", 1)
+        if not shapes or sum(math.prod(s) for s in shapes) != elements:
+            rows, cols = shape(elements)
+            return [(0, rows, cols, True)]
+        pieces, offset = [], 0
+        for s in shapes:
+            count = math.prod(s)
+            rows = s[0] if len(s) >= 2 else count
+            cols = count // rows if rows else 0
+            pieces.append((offset, rows, cols, len(s) >= 2 and r * (rows + cols) < count))
+            offset += count
+        return pieces
 
     def reduce(self, flat, exchange, key=None):
         n = flat.numel()
         if n == 0:
             return flat
-        rows, cols = shape(n)
-        r = self._rank(rows, cols)
+        pieces = self._pieces(n, key)
         work, error = with_feedback(self, flat.view(-1), key)
-        m = torch.zeros(rows * cols, dtype=torch.float32)
-        m[:n] = work
-        m = m.view(rows, cols)
-        q = self.state(("q", key, n), lambda: initial_q(cols, r, self.options.get("seed", 0)))
-        p = m @ q
-        exchange.all_reduce(p)
-        p_hat = torch.linalg.qr(p).Q
-        q_new = m.T @ p_hat
+        padded = torch.zeros(max(n, sum(rows * cols for _, rows, cols, _ in pieces)), dtype=torch.float32)
+        padded[:n] = work
+        matrices, qs, exact = [], [], []
+        for offset, rows, cols, compressed in pieces:
+            if compressed:
+                r = min(self.options.get("rank", 1), rows, cols)
+                matrices.append(padded[offset:offset + rows * cols].view(rows, cols))
+                qs.append(self.state(("q", key, n, offset), lambda: initial_q(cols, r, self.options.get("seed", 0))))
+            else:
+                exact.append(work[offset:offset + rows * cols])
+        ps = [m @ q for m, q in zip(matrices, qs)]
+        p_all = torch.cat([p.reshape(-1) for p in ps]) if ps else torch.zeros(0)
+        if ps:
+            exchange.all_reduce(p_all)
+        p_hats, at = [], 0
+        for p in ps:
+            p_hats.append(torch.linalg.qr(p_all[at:at + p.numel()].view(p.shape)).Q)
+            at += p.numel()
+        q_news = [m.T @ p_hat for m, p_hat in zip(matrices, p_hats)]
         if error is not None:
-            error.copy_((m - p_hat @ q_new.T).view(-1)[:n])
-        exchange.all_reduce(q_new)
-        q.copy_(q_new)                       # the warm start of the next step
-        flat.view(-1).copy_((p_hat @ q_new.T).view(-1)[:n])
+            error.zero_()             # what goes exactly leaves no error
+            for (offset, rows, cols, compressed), m, p_hat, q_new in zip(
+                    [x for x in pieces if x[3]], matrices, p_hats, q_news):
+                left = (m - p_hat @ q_new.T).reshape(-1)
+                count = min(rows * cols, n - offset)
+                error[offset:offset + count] = left[:count]
+        second = torch.cat([q.reshape(-1) for q in q_news] + exact)
+        exchange.all_reduce(second)
+        out, at, k = flat.view(-1), 0, 0
+        for q, q_new in zip(qs, q_news):
+            q.copy_(second[at:at + q_new.numel()].view(q_new.shape))     # the warm start of the next step
+            at += q_new.numel()
+        for offset, rows, cols, compressed in pieces:
+            count = min(rows * cols, n - offset)
+            if compressed:
+                out[offset:offset + count] = (p_hats[k] @ qs[k].T).reshape(-1)[:count]
+                k += 1
+            else:
+                out[offset:offset + count] = second[at:at + count]
+                at += count
         return flat
 
-    def wire(self, workers, elements):
-        rows, cols = shape(elements)
-        r = self._rank(rows, cols)
-        return [Wire(("all_reduce", rows * r, "float32")), Wire(("all_reduce", cols * r, "float32"))]
+    def wire(self, workers, elements, key=None):
+        pieces = self._pieces(elements, key)
+        r = self.options.get("rank", 1)
+        first = sum(rows * min(r, rows, cols) for _, rows, cols, c in pieces if c)
+        second = sum(cols * min(r, rows, cols) if c else rows * cols for _, rows, cols, c in pieces)
+        return [Wire(("all_reduce", first, "float32")), Wire(("all_reduce", second, "float32"))]
 
     def compute_elements(self, elements):
         rows, cols = shape(elements)
-        return float(elements) * (1 + 4 * self._rank(rows, cols))    # M Q, M^T P, P Q^T twice
+        return float(elements) * (1 + 4 * min(self.options.get("rank", 1), rows, cols))
