@@ -145,6 +145,50 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+MARK_BEGIN, MARK_END = "<!-- compression: begin -->", "<!-- compression: end -->"
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def report(stored) -> str:
+    """Markdown tables from the stored runs: per link and N, medians over the seeds that ran."""
+    groups = {}
+    for key, rows in stored.items():
+        link, n, seed = key.split("/")
+        groups.setdefault((link, n), []).append(rows)
+    lines = []
+    for (link, n), runs in sorted(groups.items()):
+        lines += [f"### {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
+                  "| method | time to 95% | steps to 95% | final accuracy | training time | sync per step "
+                  "| predicted sync | predicted / measured |", "|---|---|---|---|---|---|---|---|"]
+        for name in runs[0]:
+            rs = [r[name] for r in runs if name in r]
+            t, st = _median([r["time_to_target_s"] for r in rs]), _median([r["steps_to_target"] for r in rs])
+            sync, pred = _median([r["sync_s_median"] for r in rs]), _median([r["predicted_sync_s"] for r in rs])
+            reached = sum(r["time_to_target_s"] is not None for r in rs)
+            lines.append(f"| {name} | {f'{t:.2f} s' if t is not None else 'not reached'}"
+                         f"{f' ({reached}/{len(rs)} reached)' if 0 < reached < len(rs) else ''} | "
+                         f"{st if st is not None else '-'} | "
+                         f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
+                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(stored):
+    doc = DOCS / "experiments.md"
+    text = doc.read_text() if doc.exists() else ""
+    section = f"{MARK_BEGIN}\n{report(stored)}\n{MARK_END}"
+    if MARK_BEGIN in text:
+        text = text[:text.index(MARK_BEGIN)] + section + text[text.index(MARK_END) + len(MARK_END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--link", default=None, help="emulated link rate, e.g. 100Mbit (root); default loopback")
@@ -152,7 +196,11 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--methods", default=None)
+    ap.add_argument("--report", action="store_true", help="only rewrite the tables from the stored results")
     args = ap.parse_args()
+    if args.report:
+        write_report(json.loads(RESULTS.read_text()))
+        return
     names = args.methods.split(",") if args.methods else list(methods(args.workers))
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     link = args.link or "loopback"
@@ -184,7 +232,8 @@ def main():
         (DOCS / "figures").mkdir(exist_ok=True)
         plot(rows, DOCS / "figures" / f"compression_tta_{link}_n{args.workers}.png",
              f"digits CNN, {args.workers} workers, {link} links, seed {seed}")
-    print(f"results in {RESULTS}")
+    write_report(stored)
+    print(f"results in {RESULTS}; tables in docs/experiments.md")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ SUMMARY = "cast to float16, exact all-reduce, cast back: half the bytes, 11-bit 
 def cast_reduce(flat: torch.Tensor, exchange: Exchange, dtype: torch.dtype) -> torch.Tensor:
     """Sum ``flat`` over the workers as ``dtype`` on the wire (shared by fp16 and bf16)."""
     n = exchange.workers
-    packed = (flat / n).to(dtype)
+    packed = flat.div_(n).to(dtype)          # in place: flat is overwritten with the result anyway
     exchange.all_reduce(packed)
-    flat.copy_(packed.to(flat.dtype) * n)
-    return flat
+    return flat.copy_(packed).mul_(n)
 
 
 class Fp16(Codec):
