@@ -393,3 +393,49 @@ def test_powersgd_with_a_layout_compresses_each_weight_and_sends_vectors_exactly
     codec = compression.make("powersgd:rank=1")
     codec.layout("b", shapes)
     assert [w.elements for w in codec.wire(workers, n, key="b")] == [6 + 4, 10 + 10 + 6]
+
+
+def test_bench_with_compression_runs_the_codec_over_gloo():
+    import json
+
+    run = cli("bench", "-n", "2", "--sizes", "64KB", "--iters", "3", "--algorithms", "ring,tree", "-z", "bf16",
+              "--format", "json")
+    assert run.returncode == 0, run.stderr
+    rows = {r["algorithm"]: r for r in json.loads(run.stdout)}
+    assert set(rows) == {"native", "ring+bf16", "tree+bf16"}
+    assert rows["native"]["max_error"] < 1e-6
+    assert 1e-4 < rows["ring+bf16"]["max_error"] < 1e-2      # bfloat16's 8 bits, not float32's 24
+
+
+def test_sign_with_a_layout_scales_each_tensor(rng):
+    shapes, workers = [(5, 4), (3,), (2, 2, 2)], 3
+    n = 31
+    steps = gradients(rng, workers, n, steps=2)
+    steps[0][0][:20] *= 100                     # one tensor far larger: one scale would drown the others
+    transports = MemoryTransport.group(workers, seed=5)
+    out = [[None] * workers for _ in steps]
+
+    def rank(w):
+        codec = compression.make("sign")
+        codec.layout(0, shapes)
+        for t, inputs in enumerate(steps):
+            x = inputs[w].clone()
+            CompressedAllReduce(x, codec, TransportExchange(transports[w], "ring", {}, time.monotonic() + 20),
+                                key=0).start(inline=True).wait()
+            out[t][w] = x
+
+    threads = [threading.Thread(target=rank, args=(w,)) for w in range(workers)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    same_on_every_rank(out)
+    errors = [np.zeros(n) for _ in range(workers)]
+    for t, xs in enumerate(as64(steps)):
+        expected = np.zeros(n)
+        for w, x in enumerate(xs):
+            work = x + errors[w]
+            sent = np.zeros(n)
+            for a, b in ((0, 20), (20, 23), (23, 31)):
+                sent[a:b] = np.abs(work[a:b]).mean() * np.where(work[a:b] >= 0, 1.0, -1.0)
+            expected += sent
+            errors[w] = work - sent
+        close(out[t][0], expected, 1e-5)

@@ -31,7 +31,7 @@ def comm_hook(algorithm: str = "ring", timeout: float | None = None, compression
 
     def hook(state, bucket):   # no annotation: DDP compares it with the evaluated Future[Tensor]
         extra = {} if codec is None else {"compression": codec, "compression_key": bucket.index()}
-        if hasattr(codec, "layout"):             # PowerSGD: one matrix per weight, as the paper
+        if codec is not None:                    # PowerSGD: a matrix per weight; sign: a scale per tensor
             codec.layout(bucket.index(), [g.shape for g in bucket.gradients()])
         work = all_reduce(bucket.buffer(), algorithm=algorithm, op="avg", group=state, timeout=timeout,
                           async_op=True, **extra, **options)

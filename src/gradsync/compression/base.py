@@ -10,6 +10,7 @@ next gradient of that bucket.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Protocol
 
@@ -82,6 +83,19 @@ class Codec:
                 self._states.popitem(last=False)
         self._states.move_to_end(key)
         return self._states[key]
+
+    def layout(self, key, shapes) -> None:
+        """The shapes of the tensors that fill bucket ``key``, in order (the DDP hook tells
+        every codec; PowerSGD and sign use it)."""
+        self.state(("layout", key), lambda: None)
+        self._states[("layout", key)] = [tuple(s) for s in shapes]
+
+    def shapes(self, key, elements: int):
+        """Bucket ``key``'s tensor shapes if a layout covering ``elements`` was given, else None."""
+        shapes = self._states.get(("layout", key))
+        if shapes and sum(math.prod(s) for s in shapes) == elements:
+            return shapes
+        return None
 
     def reset(self) -> None:
         """Forget every bucket's state (error feedback, warm starts)."""

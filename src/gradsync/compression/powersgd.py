@@ -49,16 +49,11 @@ class PowerSgd(Codec):
     name = "powersgd"
     stateful = True
 
-    def layout(self, key, shapes) -> None:
-        """The shapes of the tensors that fill bucket ``key``, in order."""
-        self.state(("layout", key), lambda: None)
-        self._states[("layout", key)] = [tuple(s) for s in shapes]
-
     def _pieces(self, elements: int, key) -> list[tuple[int, int, int, bool]]:
         """(offset, rows, cols, compressed) covering the bucket: one padded matrix by default."""
-        shapes = self._states.get(("layout", key))
+        shapes = self.shapes(key, elements)
         r = self.options.get("rank", 1)
-        if not shapes or sum(math.prod(s) for s in shapes) != elements:
+        if not shapes:
             rows, cols = shape(elements)
             return [(0, rows, cols, True)]
         pieces, offset = [], 0

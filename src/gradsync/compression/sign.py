@@ -2,12 +2,15 @@
 and other Gradient Compression Schemes", ICML 2019; the 1-bit codecs of BytePS and DeepSpeed).
 
 Each worker sends one bit per entry, the sign of its gradient plus carried error (>= 0 is +),
-and one float32 scale, the mean magnitude ||x||_1 / n, so that scale x sign keeps the gradient's
-L1 norm; it carries x - scale x sign to the next step. Bits and scale go by all-gather; every
-worker sums scale_w x sign_w over the workers.
+and a float32 scale per tensor, its mean magnitude ||x||_1 / n, so that scale x sign keeps each
+tensor's L1 norm (layer-wise, as in that paper); it carries x - scale x sign to the next step.
+Bits and scales go by all-gather; every worker sums scale_w x sign_w over the workers. Without
+a layout (a bare ``all_reduce``) the bucket is one tensor with one scale.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,24 +41,31 @@ class Sign(Codec):
     name = "sign"
     stateful = True
 
+    def _counts(self, elements: int, key) -> torch.Tensor:
+        shapes = self.shapes(key, elements)
+        return torch.tensor([math.prod(s) for s in shapes] if shapes else [elements])
+
     def reduce(self, flat, exchange, key=None):
         n = flat.numel()
         if n == 0:
             return flat
+        counts = self._counts(n, key)
+        tensor_of = torch.repeat_interleave(torch.arange(len(counts)), counts)
         work, error = with_feedback(self, flat.view(-1), key)
         positive = work >= 0
-        scale = work.abs().mean().reshape(1)
+        scales = torch.zeros(len(counts)).index_add_(0, tensor_of, work.abs()) / counts.clamp(min=1)
         if error is not None:
-            error.copy_(work - torch.where(positive, scale, -scale))
-        payload = torch.cat([pack(positive), scale.view(torch.uint8)])
+            error.copy_(work - torch.where(positive, 1.0, -1.0) * scales[tensor_of])
+        payload = torch.cat([pack(positive), scales.view(torch.uint8)])
         gathered = exchange.all_gather(payload)
-        scales = gathered[:, -4:].contiguous().view(torch.float32)            # (workers, 1)
-        signs = unpack(gathered[:, :-4], n).to(torch.float32) * 2 - 1          # (workers, n)
-        flat.view(-1).copy_((signs * scales).sum(0))
+        tail = 4 * len(counts)
+        all_scales = gathered[:, -tail:].contiguous().view(torch.float32)        # (workers, tensors)
+        signs = unpack(gathered[:, :-tail], n).to(torch.float32) * 2 - 1          # (workers, n)
+        flat.view(-1).copy_((signs * all_scales[:, tensor_of]).sum(0))
         return flat
 
-    def wire(self, workers, elements):
-        return [Wire(("all_gather", -(-elements // 8) + 4, "uint8"))]
+    def wire(self, workers, elements, key=None):
+        return [Wire(("all_gather", -(-elements // 8) + 4 * len(self._counts(elements, key)), "uint8"))]
 
     def compute_elements(self, elements):
         return 4.0 * elements        # sign and scale, packing, unpacking, the scaled sum
