@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from gradsync.compression import make
 from gradsync.compression.predict import predict
 from gradsync.runtime.launch import run
 from gradsync.torch import comm_hook
@@ -119,7 +120,9 @@ def predicted_sync(method, workers, elements, link):
     if chosen is None or chosen[1] is None:
         name, options = ("ring", {}) if chosen is None else (chosen[0], chosen[2])
         return simulate(algorithms.build(name, workers, elements, **options), topo, 4).time
-    return predict(chosen[1], chosen[0], topo, elements, workers)["time_s"]
+    codec = make(chosen[1])        # told the CNN's tensors, as the DDP hook tells it (one bucket)
+    codec.layout(0, [p.shape for p in reversed(list(models.build("cnn").parameters()))])
+    return predict(codec, chosen[0], topo, elements, workers, key=0)["time_s"]
 
 
 def plot(rows, path, title):
@@ -198,8 +201,14 @@ def main():
     ap.add_argument("--methods", default=None)
     ap.add_argument("--report", action="store_true", help="only rewrite the tables from the stored results")
     args = ap.parse_args()
-    if args.report:
-        write_report(json.loads(RESULTS.read_text()))
+    if args.report:                  # predictions again, at the codec rates measured now
+        stored = json.loads(RESULTS.read_text())
+        for key, rows in stored.items():
+            link, n = key.split("/")[0], int(key.split("/")[1][1:])
+            for name, r in rows.items():
+                r["predicted_sync_s"] = predicted_sync(name, n, r["elements"], None if link == "loopback" else link)
+        RESULTS.write_text(json.dumps(stored, indent=1))
+        write_report(stored)
         return
     names = args.methods.split(",") if args.methods else list(methods(args.workers))
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -104,7 +104,8 @@ class Codec:
     def reduce(self, flat: torch.Tensor, exchange: Exchange, key=None) -> torch.Tensor:
         raise NotImplementedError
 
-    def wire(self, workers: int, elements: int) -> list[Wire]:
+    def wire(self, workers: int, elements: int, key=None) -> list[Wire]:
+        """The collectives of one step on bucket ``key`` (its layout, if given, can change them)."""
         raise NotImplementedError
 
     def compute_elements(self, elements: int) -> float:

@@ -31,7 +31,7 @@ class Fp16(Codec):
     def reduce(self, flat, exchange, key=None):
         return cast_reduce(flat, exchange, self.dtype)
 
-    def wire(self, workers, elements):
+    def wire(self, workers, elements, key=None):
         return [Wire(("all_reduce", elements, str(self.dtype).removeprefix("torch.")))]
 
     def compute_elements(self, elements):

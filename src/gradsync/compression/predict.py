@@ -72,7 +72,8 @@ def copy_rate(elements: int = RATE_ELEMENTS, repeats: int = 5) -> float:
     return elements / _timed(lambda: dst.copy_(src), repeats)
 
 
-def wire_schedules(compression, algorithm: str, workers: int, elements: int, options: dict | None = None):
+def wire_schedules(compression, algorithm: str, workers: int, elements: int, options: dict | None = None,
+                   key=None):
     """(schedule, dtype name) of each collective the codec runs on ``elements`` of gradient:
     its all-reduces with ``algorithm``, its all-gathers on the ring's all-gather half.
 
@@ -82,7 +83,7 @@ def wire_schedules(compression, algorithm: str, workers: int, elements: int, opt
     from ..runtime.compressed import all_gather_schedule
 
     out = []
-    for wire in make(compression).wire(workers, elements):
+    for wire in make(compression).wire(workers, elements, key):
         if wire.kind == "all_reduce":
             out.append((algorithms.build(algorithm, workers, wire.elements, dtype=wire.dtype, **(options or {})),
                         wire.dtype))
@@ -92,10 +93,11 @@ def wire_schedules(compression, algorithm: str, workers: int, elements: int, opt
 
 
 def predict(compression, algorithm: str, topology, elements: int, workers: int | None = None,
-            options: dict | None = None, rate: float | None = None) -> dict:
+            options: dict | None = None, rate: float | None = None, key=None) -> dict:
     """Predicted seconds of one compressed all-reduce on ``topology``: ``wire_s`` (simulated,
     collectives one after another), ``codec_s`` (compute at ``rate``, measured when None),
-    their sum ``time_s``, and ``bytes``, the most any worker sends.
+    their sum ``time_s``, and ``bytes``, the most any worker sends. ``key``: the bucket whose
+    layout a ``Codec`` given as ``compression`` was told (``Codec.layout``).
 
     >>> from gradsync.topology import preset
     >>> p = predict("fp16", "ring", preset("ethernet", workers=4), 1 << 20, rate=1e9)
@@ -105,7 +107,7 @@ def predict(compression, algorithm: str, topology, elements: int, workers: int |
     workers = len(topology.workers) if workers is None else workers
     codec = make(compression)
     wire_s, sent = 0.0, np.zeros(workers)
-    for schedule, dtype in wire_schedules(codec, algorithm, workers, elements, options):
+    for schedule, dtype in wire_schedules(codec, algorithm, workers, elements, options, key):
         wire_s += simulate(schedule, topology, ITEMSIZE[dtype]).time
         sent += schedule.elements_sent()[:workers] * ITEMSIZE[dtype]
     rate = codec_rate(codec.label, workers) if rate is None else rate

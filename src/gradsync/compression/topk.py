@@ -50,7 +50,7 @@ class TopK(Codec):
         flat.view(-1).copy_(total)
         return flat
 
-    def wire(self, workers, elements):
+    def wire(self, workers, elements, key=None):
         return [Wire(("all_gather", 2 * kept(elements, self.options.get("ratio", 0.01)), "float32"))]
 
     def compute_elements(self, elements):
