@@ -247,6 +247,7 @@ def test_wire_bytes_shrink():
 
 # --- over Gloo, through the public entry points ----------------------------------------------
 
+@pytest.mark.slow
 def test_all_reduce_with_compression_over_gloo():
     import compression_bodies as bodies
     from gradsync.runtime import run
@@ -334,6 +335,7 @@ def test_bad_compression_is_one_line_and_exit_code_2(args, needle):
     assert needle in run.stderr and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_compare_and_tune_report_codecs_with_their_error():
     import json
 
@@ -395,6 +397,7 @@ def test_powersgd_with_a_layout_compresses_each_weight_and_sends_vectors_exactly
     assert [w.elements for w in codec.wire(workers, n, key="b")] == [6 + 4, 10 + 10 + 6]
 
 
+@pytest.mark.slow
 def test_bench_with_compression_runs_the_codec_over_gloo():
     import json
 
