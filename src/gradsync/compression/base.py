@@ -119,6 +119,7 @@ def with_feedback(codec: Codec, flat: torch.Tensor, key) -> tuple[torch.Tensor, 
     work = flat.detach().to(torch.float32).clone()
     if not codec.options.get("error_feedback", True):
         return work, None
-    error = codec.state(("error", key, flat.numel()), lambda: torch.zeros_like(work))
+    shapes = codec.shapes(key, flat.numel())        # DDP rebuilds its buckets once: a new layout, a new error
+    error = codec.state(("error", key, flat.numel(), tuple(shapes or ())), lambda: torch.zeros_like(work))
     work += error
     return work, error

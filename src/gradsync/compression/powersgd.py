@@ -78,7 +78,7 @@ class PowerSgd(Codec):
             if compressed:
                 r = min(self.options.get("rank", 1), rows, cols)
                 matrices.append(padded[offset:offset + rows * cols].view(rows, cols))
-                qs.append(self.state(("q", key, n, offset), lambda: initial_q(cols, r, self.options.get("seed", 0))))
+                qs.append(self.state(("q", key, n, offset, rows, cols), lambda: initial_q(cols, r, self.options.get("seed", 0))))
             else:
                 exact.append(work[offset:offset + rows * cols])
         ps = [m @ q for m, q in zip(matrices, qs)]
