@@ -50,13 +50,23 @@ def methods(workers):
             "topk 1%": ("ring", "topk:ratio=0.01", {}), "sign": ("ring", "sign", {})}
 
 
-def worker(rank, workers, method, epochs, seed):
+def build(model: str, seed: int):
+    """The digits CNN of gradsync train, or a wide MLP (64-512-512-10, 300k parameters, 8x the
+    CNN's bytes) where the wire weighs more against the runtime's per-collective cost."""
+    if model == "cnn":
+        return models.build("cnn", seed)
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+def worker(rank, workers, method, epochs, seed, model_name="cnn"):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     split = data.digits(seed)
-    model = models.build("cnn", seed)
+    model = build(model_name, seed)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25)
     chosen = methods(workers)[method]
     inner = allreduce_hook if chosen is None else comm_hook(chosen[0], compression=chosen[1], **chosen[2])
@@ -109,7 +119,7 @@ def summary(result):
             "final_accuracy": result["points"][-1]["accuracy"], "total_s": result["points"][-1]["time_s"]}
 
 
-def predicted_sync(method, workers, elements, link):
+def predicted_sync(method, workers, elements, link, model="cnn"):
     """The simulator's sync time for one step's single bucket (ethernet preset at the link)."""
     from gradsync import algorithms
     from gradsync.simulate import simulate
@@ -121,7 +131,7 @@ def predicted_sync(method, workers, elements, link):
         name, options = ("ring", {}) if chosen is None else (chosen[0], chosen[2])
         return simulate(algorithms.build(name, workers, elements, **options), topo, 4).time
     codec = make(chosen[1])        # told the CNN's tensors, as the DDP hook tells it (one bucket)
-    codec.layout(0, [p.shape for p in reversed(list(models.build("cnn").parameters()))])
+    codec.layout(0, [p.shape for p in reversed(list(build(model, 0).parameters()))])
     return predict(codec, chosen[0], topo, elements, workers, key=0)["time_s"]
 
 
@@ -148,6 +158,7 @@ def plot(rows, path, title):
     plt.close(fig)
 
 
+MODELS = {"cnn": "digits CNN (38k parameters)", "wide": "wide MLP (300k parameters)"}
 MARK_BEGIN, MARK_END = "<!-- compression: begin -->", "<!-- compression: end -->"
 
 
@@ -160,23 +171,33 @@ def report(stored) -> str:
     """Markdown tables from the stored runs: per link and N, medians over the seeds that ran."""
     groups = {}
     for key, rows in stored.items():
-        link, n, seed = key.split("/")
-        groups.setdefault((link, n), []).append(rows)
+        link, n, seed, *model = key.split("/")
+        groups.setdefault((model[0] if model else "cnn", link, n), []).append(rows)
     lines = []
-    for (link, n), runs in sorted(groups.items()):
-        lines += [f"### {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
+    for (model, link, n), runs in sorted(groups.items()):
+        # the runtime's own cost per collective on these 2 shared cores: the loopback ring's
+        # measured sync less its predicted wire time, added once per collective a method runs
+        loop = [r["ring"] for r in groups.get((model, "loopback", n), []) if "ring" in r]
+        overhead = (_median([r["sync_s_median"] for r in loop]) - _median([r["predicted_sync_s"] for r in loop])
+                    if loop else None)
+        lines += [f"### {MODELS[model]}, {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
                   "| method | time to 95% | steps to 95% | final accuracy | training time | sync per step "
-                  "| predicted sync | predicted / measured |", "|---|---|---|---|---|---|---|---|"]
-        for name in runs[0]:
+                  "| predicted sync | predicted / measured | with loopback overhead |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        names = list(dict.fromkeys(name for r in runs for name in r))
+        for name in names:
             rs = [r[name] for r in runs if name in r]
             t, st = _median([r["time_to_target_s"] for r in rs]), _median([r["steps_to_target"] for r in rs])
             sync, pred = _median([r["sync_s_median"] for r in rs]), _median([r["predicted_sync_s"] for r in rs])
             reached = sum(r["time_to_target_s"] is not None for r in rs)
-            lines.append(f"| {name} | {f'{t:.2f} s' if t is not None else 'not reached'}"
+            lines.append(f"| {name}{f' ({len(rs)} seeds)' if len(rs) != len(runs) else ''} | "
+                         f"{f'{t:.2f} s' if t is not None else 'not reached'}"
                          f"{f' ({reached}/{len(rs)} reached)' if 0 < reached < len(rs) else ''} | "
-                         f"{st if st is not None else '-'} | "
+                         f"{f'{st:g}' if st is not None else '-'} | "
                          f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
-                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} |")
+                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} | "
+                         + (f"{(pred + overhead * (2 if 'powersgd' in name else 1)) / sync:.2f} |"
+                            if overhead is not None else "- |"))
         lines.append("")
     return "\n".join(lines)
 
@@ -199,14 +220,16 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--methods", default=None)
+    ap.add_argument("--model", choices=["cnn", "wide"], default="cnn")
     ap.add_argument("--report", action="store_true", help="only rewrite the tables from the stored results")
     args = ap.parse_args()
     if args.report:                  # predictions again, at the codec rates measured now
         stored = json.loads(RESULTS.read_text())
         for key, rows in stored.items():
-            link, n = key.split("/")[0], int(key.split("/")[1][1:])
+            link, n, _, *model = key.split("/")
             for name, r in rows.items():
-                r["predicted_sync_s"] = predicted_sync(name, n, r["elements"], None if link == "loopback" else link)
+                r["predicted_sync_s"] = predicted_sync(name, int(n[1:]), r["elements"],
+                                                       None if link == "loopback" else link, (model or ["cnn"])[0])
         RESULTS.write_text(json.dumps(stored, indent=1))
         write_report(stored)
         return
@@ -214,7 +237,7 @@ def main():
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     link = args.link or "loopback"
     for seed in map(int, args.seeds.split(",")):
-        key = f"{link}/n{args.workers}/seed{seed}"
+        key = f"{link}/n{args.workers}/seed{seed}" + ("" if args.model == "cnn" else f"/{args.model}")
         rows = stored.setdefault(key, {})
         if args.link:
             from gradsync.runtime.links import SlowLinks
@@ -226,9 +249,11 @@ def main():
                 network.__enter__()
             for name in names:
                 t0 = time.time()
-                result = run(worker, args.workers, name, args.epochs, seed, network=network, timeout=1800)[0]
+                result = run(worker, args.workers, name, args.epochs, seed, args.model, network=network,
+                             timeout=1800)[0]
                 result.update(summary(result))
-                result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link)
+                result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link,
+                                                            args.model)
                 rows[name] = result
                 print(f"{key} {name}: {result['time_to_target_s']} s to {TARGET}, final "
                       f"{result['final_accuracy']:.3f}, sync/step {result['sync_s_median'] * 1e3:.2f} ms "
@@ -239,8 +264,9 @@ def main():
             if network is not None:
                 network.__exit__(None, None, None)
         (DOCS / "figures").mkdir(exist_ok=True)
-        plot(rows, DOCS / "figures" / f"compression_tta_{link}_n{args.workers}.png",
-             f"digits CNN, {args.workers} workers, {link} links, seed {seed}")
+        plot(rows, DOCS / "figures" / f"compression_tta_{link}_n{args.workers}"
+             f"{'' if args.model == 'cnn' else '_' + args.model}.png",
+             f"{MODELS[args.model]}, {args.workers} workers, {link} links, seed {seed}")
     write_report(stored)
     print(f"results in {RESULTS}; tables in docs/experiments.md")
 
