@@ -175,15 +175,10 @@ def report(stored) -> str:
         groups.setdefault((model[0] if model else "cnn", link, n), []).append(rows)
     lines = []
     for (model, link, n), runs in sorted(groups.items()):
-        # the runtime's own cost per collective on these 2 shared cores: the loopback ring's
-        # measured sync less its predicted wire time, added once per collective a method runs
-        loop = [r["ring"] for r in groups.get((model, "loopback", n), []) if "ring" in r]
-        overhead = (_median([r["sync_s_median"] for r in loop]) - _median([r["predicted_sync_s"] for r in loop])
-                    if loop else None)
         lines += [f"### {MODELS[model]}, {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
                   "| method | time to 95% | steps to 95% | final accuracy | training time | sync per step "
-                  "| predicted sync | predicted / measured | with loopback overhead |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| predicted sync | predicted / measured |",
+                  "|---|---|---|---|---|---|---|---|"]
         names = list(dict.fromkeys(name for r in runs for name in r))
         for name in names:
             rs = [r[name] for r in runs if name in r]
@@ -195,9 +190,7 @@ def report(stored) -> str:
                          f"{f' ({reached}/{len(rs)} reached)' if 0 < reached < len(rs) else ''} | "
                          f"{f'{st:g}' if st is not None else '-'} | "
                          f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
-                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} | "
-                         + (f"{(pred + overhead * (2 if 'powersgd' in name else 1)) / sync:.2f} |"
-                            if overhead is not None else "- |"))
+                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} |")
         lines.append("")
     return "\n".join(lines)
 
