@@ -28,10 +28,18 @@ def pack(bits: torch.Tensor) -> torch.Tensor:
     return (padded.view(-1, 8) * _WEIGHTS).sum(1, dtype=torch.uint8)
 
 
+_SIGNS = (torch.arange(256, dtype=torch.uint8).unsqueeze(-1) & _WEIGHTS).ne(0).float() * 2 - 1   # byte -> 8 signs
+
+
 def unpack(packed: torch.Tensor, count: int) -> torch.Tensor:
     """Bytes (..., m) to booleans (..., count): the inverse of ``pack``."""
-    bits = (packed.unsqueeze(-1) & _WEIGHTS).ne(0)
-    return bits.reshape(*packed.shape[:-1], -1)[..., :count]
+    return signs(packed, count) > 0
+
+
+def signs(packed: torch.Tensor, count: int) -> torch.Tensor:
+    """Bytes (..., m) to +1.0 / -1.0 (..., count), one table lookup per byte:
+    ``signs(pack(torch.tensor([True, False])), 2).tolist()`` is [1.0, -1.0]."""
+    return _SIGNS[packed.long()].reshape(*packed.shape[:-1], -1)[..., :count]
 
 
 class Sign(Codec):
@@ -60,8 +68,8 @@ class Sign(Codec):
         gathered = exchange.all_gather(payload)
         tail = 4 * len(counts)
         all_scales = gathered[:, -tail:].contiguous().view(torch.float32)        # (workers, tensors)
-        signs = unpack(gathered[:, :-tail], n).to(torch.float32) * 2 - 1          # (workers, n)
-        flat.view(-1).copy_((signs * all_scales[:, tensor_of]).sum(0))
+        received = signs(gathered[:, :-tail], n)                                  # (workers, n)
+        flat.view(-1).copy_((received * all_scales[:, tensor_of]).sum(0))
         return flat
 
     def wire(self, workers, elements, key=None):
