@@ -10,7 +10,7 @@ Methods: ring and native (Gloo's all_reduce, through DDP's default hook), CERAR 
 and over the ring: fp16, bf16, powersgd (r = 1, 4), topk (1%), sign.
 
 Usage (root for --link): python experiments/compression_time_to_accuracy.py [--link 100Mbit]
-    [--workers 4] [--epochs 12] [--seeds 0] [--methods ring,fp16,...]
+    [--workers 4] [--epochs 10] [--seeds 0,1,2] [--model cnn|wide] [--methods ring,fp16,...] [--report]
 Writes docs/compression_results.json (merged by link, workers and seed), the figures
 docs/figures/compression_tta_<link>_n<N>.png, and the section of docs/experiments.md between
 its markers.
