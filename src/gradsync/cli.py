@@ -194,6 +194,26 @@ workers_option = click.option("--workers", "-n", type=int, default=None,
 dtype_option = click.option("--dtype", type=click.Choice(list(DTYPES)), default="float32", show_default=True)
 format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True)
+compression_option = click.option(
+    "--compression", "-z", "codecs", multiple=True, metavar="CODEC",
+    help="Also a compressed exchange, e.g. fp16, bf16, powersgd:rank=4, topk:ratio=0.01, sign (repeatable).")
+
+
+def _codecs(codecs) -> list[str]:
+    """The ``--compression`` values, each checked (a bad one is one line, exit code 2)."""
+    from .compression import make
+    return [make(c).label for c in codecs]
+
+
+def _codec_rows(codecs, topo, n, elements, over="ring") -> list[dict]:
+    """Predicted time (simulated wire plus measured codec compute) and one-step error of each
+    codec over the ``over`` schedule, for compare and tune."""
+    from .compression.predict import one_step_error, predict as predict_codec
+    rows = []
+    for c in codecs:
+        p = predict_codec(c, over, topo, elements, n, default_options(over, topo, n))
+        rows.append({"algorithm": f"{over}+{c}", "compression": c, **p, "error": one_step_error(c, n)})
+    return rows
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -212,14 +232,18 @@ def main():
                    "see 'gradsync list').")
 @click.option("--components", "-c", type=click.IntRange(1, MAX_COMPONENTS), default=None,
               help="Components, for the algorithms that take them (CERAR; default 2N).")
+@compression_option
 @format_option
-def compare(topology, size, workers, dtype, names, components, fmt):
+def compare(topology, size, workers, dtype, names, components, codecs, fmt):
     """Compare strategies on a topology: simulated and closed-form time, busiest link, busbw.
 
     CERAR runs with its default design for the dtype (the one of least error); its row shows the
     predicted error. A c whose design would be too inaccurate stops the command, naming the
-    largest c that is not.
+    largest c that is not. Each ``--compression`` adds a row of that codec over the ring: its
+    wire simulated plus its compute at the rate measured here, and its error on one step of
+    Gaussian gradients.
     """
+    codecs = _codecs(codecs)
     topo = _topology(topology, workers)
     itemsize, n = DTYPES[dtype], len(topo.workers)
     elements = _elements(size, dtype)
@@ -249,6 +273,11 @@ def compare(topology, size, workers, dtype, names, components, fmt):
             row["approx_2n_over_B_s"] = 2 * nbytes / bandwidth
             row["approx_bandwidth_Bps"] = bandwidth
         rows.append(row)
+    for row in _codec_rows(codecs, topo, n, elements):
+        row.update(closed_form_s=None, busiest_link="-", busiest_link_bytes=row["bytes"])
+        row["algbw_GBps"] = nbytes / row["time_s"] / 1e9 if row["time_s"] > 0 else float("inf")
+        row["busbw_GBps"] = row["algbw_GBps"] * 2 * (n - 1) / n
+        rows.append(row)
     step(None)
 
     def render(rows):
@@ -256,10 +285,14 @@ def compare(topology, size, workers, dtype, names, components, fmt):
         _print_table(["algorithm", "simulated", "closed form", "busiest link", "bytes on it", "algbw",
                       "busbw", "error"],
                      [[r["algorithm"] + (f" c={r['components']}" if "components" in r else ""),
-                       format_time(r["time_s"]), format_time(r["closed_form_s"]),
+                       format_time(r["time_s"]),
+                       format_time(r["closed_form_s"]) if r["closed_form_s"] is not None else "-",
                        r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
                        f"{r['busbw_GBps']:.3g} GB/s", f"{r['error']:.2g}" if r["error"] else "exact"]
                       for r in rows])
+        if codecs:
+            click.echo("codec rows (+): simulated wire plus the codec's compute measured here; for them 'bytes on it' "
+                       "is the most one worker sends, and the error is one step's on Gaussian gradients")
         if not uniform(topo, n):
             click.echo("note: closed forms assume every pair of workers meets through one switch, at the "
                        "slowest route between neighbouring workers; routes differ on this topology, so the "
@@ -340,10 +373,16 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
               help="Allow CERAR designs whose predicted relative error is within this budget.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw predicted time against size per algorithm, crossovers marked, to this PNG.")
+@compression_option
 @format_option
-def tune(topology, workers, dtype, min_size, max_size, max_error, plot, fmt):
-    """Print the fastest algorithm per message size and the sizes where the choice changes."""
+def tune(topology, workers, dtype, min_size, max_size, max_error, plot, codecs, fmt):
+    """Print the fastest algorithm per message size and the sizes where the choice changes.
+
+    Each ``--compression`` adds a column for that codec over the ring (wire simulated, compute
+    at the rate measured here), which can be the best; crossovers are among the uncompressed.
+    """
     _png(plot)
+    codecs = _codecs(codecs)
     topo = _topology(topology, workers, TUNED)
     if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
         raise click.BadParameter(f"takes at most {CERAR_TUNED[0]} workers, got {len(topo.workers)}: {CERAR_TUNED[1]}",
@@ -357,7 +396,13 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, plot, fmt):
                                    int(np.log2(max_size / max(min_size, itemsize))) // 2 + 2).astype(np.int64))
     rows, crossovers = table(topo, sizes, itemsize, max_error=max_error,
                              dtype=dtype if dtype in ("float32", "float64") else "float32")
-    out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows,
+    errors = {}
+    for r in rows:
+        for c in _codec_rows(codecs, topo, len(topo.workers), max(1, r["bytes"] // itemsize)):
+            r["times_s"][c["algorithm"]] = c["time_s"]
+            errors[c["algorithm"]] = c["error"]
+        r["best"] = min(r["times_s"], key=r["times_s"].get)
+    out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows, "codec_errors": errors,
            "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
     if plot:
         from .plots import tune_plot
@@ -372,6 +417,8 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, plot, fmt):
                       for r in rows])
         for c in o["crossovers"]:
             click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
+        for name, error in o["codec_errors"].items():
+            click.echo(f"{name}: relative error {error:.2g} on one step of Gaussian gradients")
         if plot:
             click.echo(f"plot written to {plot}")
 
@@ -521,9 +568,12 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
               help="Where each rank writes its flight record on a failure or SIGUSR1 (read it with 'gradsync doctor').")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw busbw against size per algorithm (native included) to this PNG.")
+@click.option("--compression", "-z", "codec", default=None, metavar="CODEC",
+              help="Compress for every algorithm: fp16, bf16, powersgd:rank=4, topk:ratio=0.01 or sign "
+                   "(the native row stays uncompressed).")
 @format_option
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, hostfile, transport, timeout,
-          topology, link_bandwidth, trace_path, flight_dir, plot, fmt):
+          topology, link_bandwidth, trace_path, flight_dir, plot, codec, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
     from .runtime import bench as bench_mod
     from .runtime.launch import run
@@ -542,6 +592,8 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                                  "--link-bandwidth", param_hint="'--transport'")
     if trace_path:
         _writable(trace_path, "--trace")
+        if codec is not None:
+            raise click.BadParameter("traces do not record compressed all-reduces yet", param_hint="'--trace'")
         if backend == "mpi" or "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
             raise click.BadParameter("traces are written for local workers on the torch backend, not under "
                                      "mpirun or torchrun", param_hint="'--trace'")
@@ -552,6 +604,13 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         os.environ["GRADSYNC_FLIGHT_DIR"] = os.path.abspath(flight_dir)
     options = {a: {"components": components} for a in chosen
                if components and "components" in algorithms.get(a).options}
+    if codec is not None:
+        codec = _codecs([codec])[0]
+        if backend == "mpi" or dtype not in ("float32", "float64", "bfloat16"):
+            raise click.BadParameter(f"needs --backend torch and a float dtype, got {backend} and {dtype}",
+                                     param_hint="'--compression'")
+        for a in chosen:
+            options[a] = {**options.get(a, {}), "compression": codec}
     byte_sizes = _sizes(sizes, min_size, max_size, dtype)
     topo = _predictor(topology, chosen, options, dtype, workers)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
@@ -590,9 +649,17 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         for r in rows:
             name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
             opts = {**default_options(name, topo, workers), **options.get(name, {})}
-            sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
-            r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
+            if opts.pop("compression", None) is not None and r["algorithm"] != bench_mod.NATIVE:
+                from .compression.predict import predict as predict_codec
+                r["predicted_s"] = predict_codec(codec, name, topo, r["count"], workers, opts)["time_s"]
+            else:
+                sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
+                r["predicted_s"] = simulate(sched, topo, DTYPES[dtype]).time
             r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+    if codec is not None:
+        for r in rows:
+            if r["algorithm"] != bench_mod.NATIVE:
+                r["algorithm"], r["compression"] = f"{r['algorithm']}+{codec}", codec
     if plot:
         from .plots import bench_plot
         bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
@@ -628,6 +695,7 @@ def _predictor(topology, chosen, options, dtype, workers):
     topo = _topology(topology, workers)
     for name in chosen:                                       # refuses e.g. 'host' on a topology without one
         opts = {**default_options(name, topo, workers), **options.get(name, {})}
+        opts.pop("compression", None)
         simulate(algorithms.build(name, workers, 0, dtype=dtype, **opts), topo, DTYPES[dtype])
     return topo
 
@@ -786,6 +854,8 @@ def serve(host, port, export_dir):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--link-bandwidth", default=None, help="Emulate slow links (e.g. 100Mbit); needs root.")
 @click.option("--link-latency", default=None, help="Emulated link latency (needs tc netem in the kernel).")
+@click.option("--compression", "-z", "codec", default=None, metavar="CODEC",
+              help="Compress each gradient bucket: fp16, bf16, powersgd:rank=4, topk:ratio=0.01 or sign.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Draw accuracy and time per epoch (against an exact ring run) to this PNG.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
@@ -800,7 +870,7 @@ def serve(host, port, export_dir):
               help="What the gradients travel over: Gloo, shared memory (local workers), or auto.")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-          link_bandwidth, link_latency, plot, trace_path, elastic, min_workers, kill_every, transport, fmt):
+          link_bandwidth, link_latency, codec, plot, trace_path, elastic, min_workers, kill_every, transport, fmt):
     """Train a model data-parallel on local workers (scikit-learn's digits), synchronizing with an algorithm."""
     from .training.train import TrainConfig, plot as draw, train as run_training
 
@@ -814,12 +884,16 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _writable(trace_path, "--trace")
         if elastic:
             raise click.UsageError("--elastic does not combine with --trace")
+        if codec is not None:
+            raise click.UsageError("--trace does not record compressed all-reduces yet")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
-                      transport=transport)
+                      transport=transport, compression=codec)
     cfg.check(workers)
     if transport != "gloo" and (elastic or link_bandwidth):
         raise click.BadParameter(f"--transport {transport} works with neither --elastic nor emulated links yet",
                                  param_hint="'--transport'")
+    if codec is not None and elastic:
+        raise click.UsageError("--compression does not combine with --elastic yet")
     if elastic:
         return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
     if min_workers is not None or kill_every is not None:
@@ -837,30 +911,33 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
             return                        # rank 0 reports for the job
         workers = result["workers"]
         result["launcher"] = job["launcher"]
-        return _emit(fmt, result, lambda r: _render_training(r, workers, algorithm, model, batch_size, None, None, None))
+        return _emit(fmt, result, lambda r: _render_training(r, workers, algorithm, model, batch_size, None, None, None,
+                                                             codec))
     with _links(workers, link_bandwidth, link_latency) as network:
         result = run_training(workers, cfg, progress, network, trace=bool(trace_path))
         if trace_path:
             _write_json(result.pop("trace"), trace_path, "--trace")
-        runs = {algorithm: result}
-        if plot and algorithm != "ring":
+        runs = {algorithm + (f"+{codec}" if codec else ""): result}
+        if plot and (algorithm != "ring" or codec):
             import dataclasses
             runs["ring (exact)"] = run_training(workers, dataclasses.replace(cfg, algorithm="ring", components=None,
-                                                                             eps=None, resync_every=0), progress,
+                                                                             eps=None, resync_every=0,
+                                                                             compression=None), progress,
                                                 network)
     if plot:
         draw(runs, plot)
     result["link_bandwidth"] = link_bandwidth
 
     _emit(fmt, result, lambda r: _render_training(r, workers, algorithm, model, batch_size, link_bandwidth, plot,
-                                                  trace_path))
+                                                  trace_path, codec))
 
 
-def _render_training(r, workers, algorithm, model, batch_size, link_bandwidth, plot, trace_path):
+def _render_training(r, workers, algorithm, model, batch_size, link_bandwidth, plot, trace_path, codec=None):
     where = f", links {link_bandwidth}" if link_bandwidth else f", started by {r['launcher']}" if r.get("launcher") else ""
-    click.echo(f"gradsync train: {workers} workers, {algorithm}, {model} on digits, global batch {batch_size}{where}")
+    click.echo(f"gradsync train: {workers} workers, {algorithm}" + (f" + {codec}" if codec else "")
+               + f", {model} on digits, global batch {batch_size}{where}")
     headers = ["epoch", "loss", "test acc.", "compute", "sync", "resync", "sent/worker"]
-    approx = algorithm != "auto" and not algorithms.get(algorithm).exact
+    approx = codec is not None or (algorithm != "auto" and not algorithms.get(algorithm).exact)
     if approx:
         headers += ["grad error", "replica diff"]
     rows = []

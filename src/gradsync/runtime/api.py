@@ -108,6 +108,7 @@ class Work:
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
                check_finite: bool = False, async_op: bool = False, trace=None, transport: str = "gloo",
+               compression=None, compression_key=None,
                **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
 
@@ -129,6 +130,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     ``gradsync.runtime.tracing.Trace`` to record the collective's rounds and transfers in (every
     rank passes one, or none; the ranks agree on it).
 
+    ``compression`` (a float tensor only): a codec of ``gradsync.compression``, as text
+    (``"fp16"``, ``"powersgd:rank=4"``, ``"topk:ratio=0.01"``) or a ``Codec``; the algorithm then
+    runs the codec's payload. Text makes a new codec per call: pass one ``Codec`` to keep error
+    feedback and warm starts across calls, per ``compression_key`` (default: shape and dtype).
+
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
 
         grad = torch.ones(1000)
@@ -142,14 +148,36 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
         raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout
+    codec = None
+    if compression is not None:
+        if trace is not None:
+            raise ConfigError("trace does not record compressed all-reduces yet: give trace or compression")
+        codec = compressed_codec(tensor, algorithm, compression)
     channel = for_group(transport, group, tensor.device.type, timeout, stall_warning)
     try:
-        collective = prepare(tensor, algorithm, op, channel, deadline, check, check_finite, options, trace)
+        if codec is not None:
+            from .compressed import CompressedAllReduce, TransportExchange
+            exchange = TransportExchange(channel, algorithm, options, deadline, check)
+            collective = CompressedAllReduce(tensor, codec, exchange, op, compression_key)
+        else:
+            collective = prepare(tensor, algorithm, op, channel, deadline, check, check_finite, options, trace)
     except BaseException:
         channel.close()
         raise
     future = collective.start(inline=not async_op)
     return Work(future) if async_op else future.wait()
+
+
+def compressed_codec(tensor, algorithm: str, compression):
+    """The codec of ``all_reduce(..., compression=...)``, checked before anything is posted:
+    ``compressed_codec(torch.ones(4), "ring", "fp16").label`` is 'fp16'."""
+    from .. import compression as codecs
+    codec = codecs.make(compression)
+    if not tensor.is_floating_point():
+        raise ConfigError(f"compression {codec.label!r} needs a float tensor, got {tensor.dtype}")
+    if algorithm != "auto":
+        algorithms.get(algorithm)
+    return codec
 
 
 def check_call(tensor, op: str, timeout) -> float:

@@ -43,12 +43,16 @@ class TrainConfig:
     seed: int = 0
     timeout: float = 60.0
     transport: str = "gloo"           # gloo, shm (shared memory) or auto, as gradsync.all_reduce takes
+    compression: str | None = None    # a gradsync.compression codec, e.g. "powersgd:rank=4"
 
     def check(self, workers: int) -> "TrainConfig":
         if self.algorithm != "auto":
             algorithms.get(self.algorithm)
         if self.transport not in ("gloo", "shm", "auto"):
             raise ConfigError(f"transport must be one of gloo, shm, auto, got {self.transport!r}")
+        if self.compression is not None:
+            from ..compression import make
+            make(self.compression)
         if self.model not in models.MODELS:
             raise ConfigError(f"unknown model {self.model!r}: expected one of {', '.join(models.MODELS)}")
         for name, value, low in (("epochs", self.epochs, 1), ("batch_size", self.batch_size, workers),
@@ -74,8 +78,10 @@ class SyncMeter:
     def __init__(self, cfg: TrainConfig, rank: int, workers: int, trace=None):
         self.cfg, self.rank, self.workers = cfg, rank, workers
         self.approximate = not algorithms.get(cfg.algorithm).exact if cfg.algorithm != "auto" else False
+        self.approximate = self.approximate or cfg.compression is not None
         self.sync = comm_hook(cfg.algorithm, timeout=cfg.timeout, trace=trace, transport=cfg.transport,
-                              **cfg.options())
+                              compression=cfg.compression, **cfg.options())
+        self._sent: dict = {}         # bucket elements -> bytes this worker sends, one entry per bucket size
         self.reset()
 
     def reset(self):
@@ -96,19 +102,30 @@ class SyncMeter:
         if algorithm == "auto":
             algorithm, options = api.pick(tensor, self.workers)
         dtype = str(tensor.dtype).removeprefix("torch.")
-        schedule = api.compiled(algorithm, self.workers, tensor.numel(), dtype, api.frozen(options), self.rank).schedule
+        if tensor.numel() not in self._sent:
+            self._sent[tensor.numel()] = self._bytes_sent(algorithm, options, tensor.numel(), dtype, tensor.element_size())
+        sent = self._sent[tensor.numel()]
         start = time.perf_counter()
 
         def done(future):
             result = future.value()
             self.sync_s += time.perf_counter() - start
-            self.bytes += int(schedule.elements_sent()[self.rank]) * tensor.element_size()
+            self.bytes += sent
             if exact is not None:
                 self.err_sq += float((result - exact).pow(2).sum())
                 self.exact_sq += float(exact.pow(2).sum())
             return result
 
         return self.sync(state, bucket).then(done)
+
+    def _bytes_sent(self, algorithm, options, elements, dtype, itemsize) -> int:
+        """Bytes this worker sends for a bucket, counted from the schedules (the codec's, if any)."""
+        if self.cfg.compression is None:
+            schedule = api.compiled(algorithm, self.workers, elements, dtype, api.frozen(options), self.rank).schedule
+            return int(schedule.elements_sent()[self.rank]) * itemsize
+        from ..compression.predict import ITEMSIZE, wire_schedules
+        return sum(int(s.elements_sent()[self.rank]) * ITEMSIZE[d]
+                   for s, d in wire_schedules(self.cfg.compression, algorithm, self.workers, elements, options))
 
 
 def _replica_spread(model) -> float:

@@ -1,0 +1,268 @@
+"""Time to accuracy: exact synchronization, CERAR and gradient compression on the digits CNN.
+
+Every method trains the same CNN (scikit-learn's digits, 8x8, no download) from the same
+initial weights on the same data order, with N local workers, global batch 64, SGD with
+momentum; test accuracy is measured every EVAL_EVERY steps, outside the timed part, and the
+clock counts only training steps (forward, backward with the synchronization, optimizer).
+Per step the sync time is the time from a bucket's all-reduce start to its completion.
+
+Methods: ring and native (Gloo's all_reduce, through DDP's default hook), CERAR (c = 1.5N, 2N),
+and over the ring: fp16, bf16, powersgd (r = 1, 4), topk (1%), sign.
+
+Usage (root for --link): python experiments/compression_time_to_accuracy.py [--link 100Mbit]
+    [--workers 4] [--epochs 10] [--seeds 0,1,2] [--model cnn|wide] [--methods ring,fp16,...] [--report]
+Writes docs/compression_results.json (merged by link, workers and seed), the figures
+docs/figures/compression_tta_<link>_n<N>.png, and the section of docs/experiments.md between
+its markers.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from gradsync.compression import make
+from gradsync.compression.predict import predict
+from gradsync.runtime.launch import run
+from gradsync.torch import comm_hook
+from gradsync.training import data, models
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+RESULTS = DOCS / "compression_results.json"
+EVAL_EVERY = 10
+TARGET = 0.95
+LR = 0.05
+
+
+def methods(workers):
+    """name -> (algorithm, compression, options) for gradsync's hook, or None for DDP's own."""
+    c15, c2 = int(1.5 * workers), 2 * workers
+    return {"ring": ("ring", None, {}), "native": None,
+            f"cerar c={c15}": ("cerar", None, {"components": c15}),
+            f"cerar c={c2}": ("cerar", None, {"components": c2}),
+            "fp16": ("ring", "fp16", {}), "bf16": ("ring", "bf16", {}),
+            "powersgd r=1": ("ring", "powersgd:rank=1", {}), "powersgd r=4": ("ring", "powersgd:rank=4", {}),
+            "topk 1%": ("ring", "topk:ratio=0.01", {}), "sign": ("ring", "sign", {})}
+
+
+def build(model: str, seed: int):
+    """The digits CNN of gradsync train, or a wide MLP (64-512-512-10, 300k parameters, 8x the
+    CNN's bytes) where the wire weighs more against the runtime's per-collective cost."""
+    if model == "cnn":
+        return models.build("cnn", seed)
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+def worker(rank, workers, method, epochs, seed, model_name="cnn"):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    split = data.digits(seed)
+    model = build(model_name, seed)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=25)
+    chosen = methods(workers)[method]
+    inner = allreduce_hook if chosen is None else comm_hook(chosen[0], compression=chosen[1], **chosen[2])
+    sync = [0.0]
+
+    def timed(state, bucket):
+        start = time.perf_counter()
+
+        def done(future):
+            sync[0] += time.perf_counter() - start
+            return future.value()[0] if isinstance(future.value(), list) else future.value()
+
+        return inner(dist.group.WORLD if chosen is None else None, bucket).then(done)
+
+    ddp.register_comm_hook(None, timed)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+    points, clock, step, syncs = [], 0.0, 0, []
+
+    def evaluate():
+        with torch.no_grad():
+            acc = (model(split.x_test).argmax(1) == split.y_test).float().mean().item()
+        points.append({"step": step, "time_s": clock, "accuracy": acc})
+        dist.barrier()
+
+    evaluate()
+    for epoch in range(epochs):
+        for batch in data.batches(len(split.y_train), 64, epoch, seed):
+            idx = data.shard(batch, rank, workers)
+            sync[0] = 0.0
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(split.x_train[idx]), split.y_train[idx]).backward()
+            optimizer.step()
+            clock += time.perf_counter() - start
+            syncs.append(sync[0])
+            step += 1
+            if step % EVAL_EVERY == 0:
+                evaluate()
+    if step % EVAL_EVERY:
+        evaluate()
+    elements = sum(p.numel() for p in model.parameters())
+    return {"points": points, "sync_s_median": statistics.median(syncs), "steps": step,
+            "elements": elements} if rank == 0 else None
+
+
+def summary(result):
+    reached = [p for p in result["points"] if p["accuracy"] >= TARGET]
+    return {"time_to_target_s": reached[0]["time_s"] if reached else None,
+            "steps_to_target": reached[0]["step"] if reached else None,
+            "final_accuracy": result["points"][-1]["accuracy"], "total_s": result["points"][-1]["time_s"]}
+
+
+def predicted_sync(method, workers, elements, link, model="cnn"):
+    """The simulator's sync time for one step's single bucket (ethernet preset at the link)."""
+    from gradsync import algorithms
+    from gradsync.simulate import simulate
+    from gradsync.topology import preset
+
+    chosen = methods(workers)[method]
+    topo = preset("ethernet", workers=workers, nic=link or "100Gbit", latency="50us")
+    if chosen is None or chosen[1] is None:
+        name, options = ("ring", {}) if chosen is None else (chosen[0], chosen[2])
+        return simulate(algorithms.build(name, workers, elements, **options), topo, 4).time
+    codec = make(chosen[1])        # told the CNN's tensors, as the DDP hook tells it (one bucket)
+    codec.layout(0, [p.shape for p in reversed(list(build(model, 0).parameters()))])
+    return predict(codec, chosen[0], topo, elements, workers, key=0)["time_s"]
+
+
+def plot(rows, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (clock, steps) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for name, result in rows.items():
+        pts = result["points"]
+        line, = clock.plot([p["time_s"] for p in pts], [p["accuracy"] for p in pts], label=name, lw=1.4)
+        steps.plot([p["step"] for p in pts], [p["accuracy"] for p in pts], lw=1.4, color=line.get_color())
+    for ax, label in ((clock, "training wall-clock (s), evaluation excluded"), (steps, "step")):
+        ax.axhline(TARGET, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel(label)
+        ax.set_ylim(0, 1)
+    clock.set_ylabel("test accuracy")
+    clock.legend(fontsize=8, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+MODELS = {"cnn": "digits CNN (38k parameters)", "wide": "wide MLP (300k parameters)"}
+MARK_BEGIN, MARK_END = "<!-- compression: begin -->", "<!-- compression: end -->"
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def report(stored) -> str:
+    """Markdown tables from the stored runs: per link and N, medians over the seeds that ran."""
+    groups = {}
+    for key, rows in stored.items():
+        link, n, seed, *model = key.split("/")
+        groups.setdefault((model[0] if model else "cnn", link, n), []).append(rows)
+    lines = []
+    for (model, link, n), runs in sorted(groups.items()):
+        lines += [f"### {MODELS[model]}, {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
+                  "| method | time to 95% | steps to 95% | final accuracy | training time | sync per step "
+                  "| predicted sync | predicted / measured |",
+                  "|---|---|---|---|---|---|---|---|"]
+        names = list(dict.fromkeys(name for r in runs for name in r))
+        for name in names:
+            rs = [r[name] for r in runs if name in r]
+            t, st = _median([r["time_to_target_s"] for r in rs]), _median([r["steps_to_target"] for r in rs])
+            sync, pred = _median([r["sync_s_median"] for r in rs]), _median([r["predicted_sync_s"] for r in rs])
+            reached = sum(r["time_to_target_s"] is not None for r in rs)
+            lines.append(f"| {name}{f' ({len(rs)} seeds)' if len(rs) != len(runs) else ''} | "
+                         f"{f'{t:.2f} s' if t is not None else 'not reached'}"
+                         f"{f' ({reached}/{len(rs)} reached)' if 0 < reached < len(rs) else ''} | "
+                         f"{f'{st:g}' if st is not None else '-'} | "
+                         f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
+                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(stored):
+    doc = DOCS / "experiments.md"
+    text = doc.read_text() if doc.exists() else ""
+    section = f"{MARK_BEGIN}\n{report(stored)}\n{MARK_END}"
+    if MARK_BEGIN in text:
+        text = text[:text.index(MARK_BEGIN)] + section + text[text.index(MARK_END) + len(MARK_END):]
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    doc.write_text(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--link", default=None, help="emulated link rate, e.g. 100Mbit (root); default loopback")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--methods", default=None)
+    ap.add_argument("--model", choices=["cnn", "wide"], default="cnn")
+    ap.add_argument("--report", action="store_true", help="only rewrite the tables from the stored results")
+    args = ap.parse_args()
+    if args.report:                  # predictions again, at the codec rates measured now
+        stored = json.loads(RESULTS.read_text())
+        for key, rows in stored.items():
+            link, n, _, *model = key.split("/")
+            for name, r in rows.items():
+                r["predicted_sync_s"] = predicted_sync(name, int(n[1:]), r["elements"],
+                                                       None if link == "loopback" else link, (model or ["cnn"])[0])
+        RESULTS.write_text(json.dumps(stored, indent=1))
+        write_report(stored)
+        return
+    names = args.methods.split(",") if args.methods else list(methods(args.workers))
+    stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    link = args.link or "loopback"
+    for seed in map(int, args.seeds.split(",")):
+        key = f"{link}/n{args.workers}/seed{seed}" + ("" if args.model == "cnn" else f"/{args.model}")
+        rows = stored.setdefault(key, {})
+        if args.link:
+            from gradsync.runtime.links import SlowLinks
+            network = SlowLinks(args.workers, args.link)
+        else:
+            network = None
+        try:
+            if network is not None:
+                network.__enter__()
+            for name in names:
+                t0 = time.time()
+                result = run(worker, args.workers, name, args.epochs, seed, args.model, network=network,
+                             timeout=1800)[0]
+                result.update(summary(result))
+                result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link,
+                                                            args.model)
+                rows[name] = result
+                print(f"{key} {name}: {result['time_to_target_s']} s to {TARGET}, final "
+                      f"{result['final_accuracy']:.3f}, sync/step {result['sync_s_median'] * 1e3:.2f} ms "
+                      f"(predicted {result['predicted_sync_s'] * 1e3:.2f} ms), ran {time.time() - t0:.0f} s",
+                      flush=True)
+                RESULTS.write_text(json.dumps(stored, indent=1))
+        finally:
+            if network is not None:
+                network.__exit__(None, None, None)
+        (DOCS / "figures").mkdir(exist_ok=True)
+        plot(rows, DOCS / "figures" / f"compression_tta_{link}_n{args.workers}"
+             f"{'' if args.model == 'cnn' else '_' + args.model}.png",
+             f"{MODELS[args.model]}, {args.workers} workers, {link} links, seed {seed}")
+    write_report(stored)
+    print(f"results in {RESULTS}; tables in docs/experiments.md")
+
+
+if __name__ == "__main__":
+    main()
