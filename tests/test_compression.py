@@ -266,6 +266,7 @@ def test_all_reduce_with_compression_over_gloo():
             close(torch.tensor(r[f"topk-kept-{step}"]), kept[step] / workers, 1e-5)
 
 
+@pytest.mark.slow
 def test_ddp_comm_hook_with_compression():
     import compression_bodies as bodies
     from gradsync.runtime import run
@@ -322,6 +323,7 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "gradsync", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["compare", "-z", "gzip"], "unknown compression 'gzip'"),
     (["tune", "-z", "topk:ratio=2"], "option ratio must be a number in (0, 1], got 2"),

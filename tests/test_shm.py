@@ -49,6 +49,7 @@ def test_a_killed_rank_is_named_on_every_survivor_and_no_segment_is_left():
     assert segments() <= before
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_is_named_not_the_neighbour_waiting_for_it():
     timeout = 2.0
     results = run(bodies.stalled, 3, timeout, timeout=60)
@@ -57,6 +58,7 @@ def test_a_stalled_rank_is_named_not_the_neighbour_waiting_for_it():
         assert r["peer"] == 0 and r["seconds"] <= timeout + 2, r
 
 
+@pytest.mark.slow
 def test_a_rank_missing_at_set_up_is_named():
     timeout = 2.0
     results = run(bodies.absent_at_setup, 3, timeout, timeout=60, tolerate=True)

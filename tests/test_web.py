@@ -411,6 +411,7 @@ def test_chunk_colours_follow_the_inputs_each_chunk_holds(page, server, algorith
     assert page.errors == []
 
 
+@pytest.mark.slow
 def test_stale_answers_never_overwrite_newer_ones(page):
     # the first request of each kind is held back and answered after the second
     held = {"simulate": 0, "compare": 0}
@@ -502,6 +503,7 @@ def test_work_over_the_budget_is_answered_busy_then_served_from_the_cache(client
     assert again.status_code == 200 and again.json()["workers"] == 13
 
 
+@pytest.mark.slow
 def test_the_static_export_plays_from_plain_files(browser, tmp_path):
     run = subprocess.run([sys.executable, "-m", "gradsync", "serve", "--export", str(tmp_path / "view")],
                          capture_output=True, text=True, timeout=300)
@@ -521,3 +523,17 @@ def test_the_static_export_plays_from_plain_files(browser, tmp_path):
     assert page.is_disabled("#workers") and page.is_disabled("#fail")
     page.close()
     assert errors == []
+
+
+def test_a_job_finished_before_its_callback_is_added_does_not_deadlock():
+    # a fast job can finish before run() adds its done-callback, which then runs in the asking
+    # thread: it must not wait for a lock that thread holds
+    import threading
+
+    from gradsync.web import view
+    worker, results = view._Background(), []
+    asker = threading.Thread(target=lambda: results.extend(worker.run(("instant", k), int, k) for k in range(300)),
+                             daemon=True)
+    asker.start()
+    asker.join(30)
+    assert not asker.is_alive() and results == list(range(300))

@@ -58,9 +58,11 @@ class _Background:
     def run(self, key, fn, *args):
         with self.lock:
             job = self.jobs.get(key)
-            if job is None:
+            fresh = job is None
+            if fresh:
                 job = self.jobs[key] = self.pool.submit(fn, *args)
-                job.add_done_callback(lambda _: self._forget(key))
+        if fresh:   # outside the lock: a job already done runs its callback here, and that takes the lock
+            job.add_done_callback(lambda _: self._forget(key))
         try:
             return job.result(timeout=REQUEST_BUDGET_S)
         except FutureTimeout:
