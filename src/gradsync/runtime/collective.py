@@ -133,6 +133,22 @@ def progress_for(transport) -> _Progress:
         return _ENGINES.setdefault(key, _Progress())
 
 
+def start(job, transport, inline: bool = False) -> torch.futures.Future:
+    """Run ``job`` (anything with ``complete(future)``) on ``transport``'s progress engine, in
+    start order with the group's other collectives; return the future ``job`` completes.
+    ``inline``: in this thread when nothing is queued (and always from the engine's own thread:
+    a callback's call runs after the current one). Example: ``start(collective, transport).wait()``.
+    """
+    future = torch.futures.Future()
+    engine = progress_for(transport)
+    if engine.on_thread() or (inline and engine.idle()):
+        with engine.running:
+            job.complete(future)
+    else:
+        engine.submit(job, future)
+    return future
+
+
 class Collective:
     """One all-reduce (or part of one: the KVStore's push or pull) ready to run.
 
@@ -165,14 +181,7 @@ class Collective:
 
         Example, in each rank of a group: ``tensor = collective.start().wait()``.
         """
-        future = torch.futures.Future()
-        engine = progress_for(self.transport)
-        if engine.on_thread() or (inline and engine.idle()):   # a callback's call runs after the current one
-            with engine.running:
-                self.complete(future)
-        else:
-            engine.submit(self, future)
-        return future
+        return start(self, self.transport, inline)
 
     def complete(self, future: torch.futures.Future) -> None:
         try:

@@ -17,7 +17,7 @@ import torch
 from ..algorithms import ring
 from ..plan import compile_plan
 from ..schedule import COPY, Schedule, complete_segments
-from .collective import Collective, node_buffers, progress_for
+from .collective import Collective, node_buffers, start
 
 
 def all_gather_schedule(workers: int, elements: int) -> Schedule:
@@ -90,14 +90,7 @@ class CompressedAllReduce:
         self.key = (tuple(tensor.shape), str(tensor.dtype)) if key is None else key
 
     def start(self, inline: bool = False) -> torch.futures.Future:
-        future = torch.futures.Future()
-        engine = progress_for(self.transport)
-        if engine.on_thread() or (inline and engine.idle()):
-            with engine.running:
-                self.complete(future)
-        else:
-            engine.submit(self, future)
-        return future
+        return start(self, self.transport, inline)
 
     def complete(self, future: torch.futures.Future) -> None:
         try:
