@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from gradsync.runtime.links import SlowLinks
+from gradsync.training import elastic
+from gradsync.training.train import TrainConfig
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                                 reason="network namespaces need root")
@@ -103,3 +105,57 @@ def test_torchrun_agents_meet_at_a_separate_store_that_none_of_them_hosts():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+ELASTIC = TrainConfig(model="mlp", epochs=12, batch_size=32, timeout=10.0)
+ELASTIC_STEPS = ELASTIC.epochs * (1438 // 32)
+
+
+def _recovered_from_committed_steps(result):
+    killed_at = result["kills"][0]["step"]
+    resumed = [e["step"] for e in result["events"][1:]]
+    # nothing committed is lost (each recovery starts at or after the step committed at the kill)
+    # and nothing is applied twice (steps never go backwards)
+    return resumed and resumed[0] >= killed_at and resumed == sorted(resumed)
+
+
+@needs_root
+@pytest.mark.slow
+def test_elastic_training_across_two_machines_survives_a_killed_worker(tmp_path):
+    with SlowLinks(4, "1Gbit", per_node=2) as net:
+        result = elastic.train(4, ELASTIC, min_workers=2, kill_every=1.0, network=net, victims=[("worker", 1)],
+                               workdir=tmp_path, timeout=85)
+    assert result["final"]["step"] == ELASTIC_STEPS and result["machines"] == 2
+    assert len(result["kills"]) == 1 and result["kills"][0]["recovered_s"] is not None
+    assert _recovered_from_committed_steps(result)
+    assert result["history"][-1]["test_accuracy"] > 0.9
+
+
+@needs_root
+@pytest.mark.slow
+def test_elastic_training_survives_losing_the_first_machine_when_the_store_is_outside_it(tmp_path):
+    with SlowLinks(2, "1Gbit") as net:
+        result = elastic.train(2, ELASTIC, min_workers=1, kill_every=1.0, network=net, victims=[("machine", 0)],
+                               rejoin_after=None, workdir=tmp_path, timeout=85)
+    assert result["final"]["step"] == ELASTIC_STEPS and len(result["kills"]) == 1
+    assert _recovered_from_committed_steps(result)
+    assert result["events"][-1]["world_size"] == 1 == result["final"]["world_size"]   # the second machine alone
+    assert result["history"][-1]["test_accuracy"] > 0.9
+
+
+@needs_root
+@pytest.mark.slow
+def test_calibrate_across_two_machines_fits_inside_and_between_apart(tmp_path):
+    from gradsync.topology import load
+
+    out = tmp_path / "two-machines.json"
+    with SlowLinks(4, "1Gbit", per_node=2) as net:
+        first, second = _torchrun(net, ["calibrate", "--out", str(out), "--repeats", "3", "--format", "json"])
+    assert second.strip() == ""                                     # rank 0 reports and writes
+    fits = json.loads(first)
+    assert (fits["machines"], fits["local_size"]) == (2, 2)
+    link = net.rate                                                 # bytes/s the tbf lets through each way
+    assert 0.6 * link < fits["across"]["bandwidth_Bps"] < 1.2 * link
+    assert fits["inside"]["bandwidth_Bps"] > 2 * link               # loopback inside a machine
+    topology = load(out)
+    assert topology.machine_size() == 2                             # the hierarchical all-reduce groups by it

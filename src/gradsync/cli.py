@@ -748,23 +748,41 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
               help="Separate process groups to measure; their medians are fitted.")
 @format_option
 def calibrate(workers, out, repeats, launches, fmt):
-    """Measure latency, bandwidth and compute between local workers; write a topology file."""
+    """Measure latency, bandwidth and compute between local workers (or, under torchrun, mpirun
+    or srun, between the job's ranks: inside and between machines apart); write a topology file."""
     from .runtime import calibrate as cal
+    from .runtime.launch import launched
 
     if not out.endswith((".json", ".yaml", ".yml")):
         raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
     _writable(out, "--out")
-    fit = cal.calibrate(workers, repeats, launches)
+    if launched() is not None:            # started by torchrun (mpirun, srun): one rank of a job across machines
+        fit = cal.calibrate_launched(repeats)
+        if fit is None:
+            return                        # rank 0 reports
+    else:
+        fit = cal.calibrate(workers, repeats, launches)
     path = cal.write(fit, out)
     fit["topology_file"] = str(path)
 
+    def rows(f):
+        return [["latency per round", format_time(f["round_latency_s"])],
+                ["bandwidth per direction", f"{f['bandwidth_Bps'] / 1e9:.3g} GB/s"],
+                ["fit's worst relative error", f"{f['fit_max_relative_error']:.1%}"]]
+
     def render(f):
-        click.echo(f"calibrated {workers} local workers -> {path}")
-        _print_table(["", "value"], [["latency per round", format_time(f["round_latency_s"])],
-                                     ["bandwidth per direction", f"{f['bandwidth_Bps'] / 1e9:.3g} GB/s"],
-                                     ["adds per second", f"{f['add_rate']:.3g}"],
+        if "across" in f:
+            click.echo(f"calibrated {f['machines']} machines x {f['local_size']} workers -> {path}")
+            _print_table(["", "inside a machine", "between machines"],
+                         [[a[0], a[1], b[1]] for a, b in zip(rows(f["inside"]), rows(f["across"]))])
+            f, n = f["inside"], f["machines"] * f["local_size"]
+        else:
+            n = f["workers"]
+            click.echo(f"calibrated {n} workers -> {path}")
+            _print_table(["", "value"], rows(f))
+        _print_table(["", "value"], [["adds per second", f"{f['add_rate']:.3g}"],
                                      ["multiply-adds per second (CERAR codec)", f"{f['madd_rate']:.3g}"]])
-        click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
+        click.echo(f"use it: gradsync bench --workers {n} --topology {path}")
 
     _emit(fmt, fit, render)
 
@@ -895,6 +913,10 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     if codec is not None and elastic:
         raise click.UsageError("--compression does not combine with --elastic yet")
     if elastic:
+        from .runtime.launch import launched
+        if launched() is not None:
+            raise click.UsageError("--elastic starts torchrun's agents itself; under a launcher, run "
+                                   "'torchrun ... -m gradsync.training.elastic DIR' (docs/multinode.md)")
         return _train_elastic(workers, cfg, min_workers, kill_every, link_bandwidth or link_latency or plot, fmt)
     if min_workers is not None or kill_every is not None:
         raise click.UsageError("--min-workers and --kill-every need --elastic")

@@ -136,9 +136,94 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
             "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(n)], "host": "ps"}
 
 
+# ---------------------------------------------------------------- several machines
+
+def machines_worker(rank: int, workers: int, repeats: int, local: int) -> dict | None:
+    """One rank of a calibration across machines of ``local`` consecutive ranks: the ring
+    all-reduce timed inside each machine (every machine's ranks at once: they share no link)
+    and across machines (local rank 0 of each, the others idle, so one flow per direction has
+    each machine's network link), each fitted as ``fit`` does. Rank 0 returns both fits."""
+    torch.set_num_threads(1)
+    machines = workers // local
+    inside = [dist.new_group(list(range(m * local, (m + 1) * local))) for m in range(machines)]
+    across = dist.new_group([m * local for m in range(machines)])        # every rank creates every group
+    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
+    add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
+    madd_rate = codec_madd_rate(rank, workers, repeats)
+    times = torch.zeros(2, len(FIT_BYTES), dtype=torch.float64)
+    for level, group, size, member in ((0, inside[rank // local], local, True),
+                                       (1, across, machines, rank % local == 0)):
+        dist.barrier()
+        if member:
+            bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
+            calls = {k: (lambda buf=buf: all_reduce(buf, group=group, check=False)) for k, buf in enumerate(bufs)}
+            samples = time_in_blocks(calls, repeats, lambda: dist.barrier(group=group),
+                                     before=lambda k: bufs[k].div_(size))
+            times[level] = torch.tensor([statistics.median(samples[k]) for k in range(len(bufs))])
+    stats = torch.cat([times.flatten(), torch.tensor([-add_rate, -madd_rate], dtype=torch.float64)])
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    if rank:
+        return None
+    add_rate, madd_rate = -stats[-2].item(), -stats[-1].item()
+    level_times = stats[:-2].view(2, -1).tolist()
+    return {"machines": machines, "local_size": local,
+            "inside": fit(local, list(FIT_BYTES), level_times[0], add_rate, madd_rate),
+            "across": fit(machines, list(FIT_BYTES), level_times[1], add_rate, madd_rate)}
+
+
+def calibrate_launched(repeats: int = 10) -> dict | None:
+    """Calibrate as this process's rank of a job torchrun (mpirun, srun) started: the links
+    inside and between machines apart when the job spans several machines of several ranks,
+    else one level as ``calibrate`` fits it. Rank 0 returns the fit, the others None.
+
+    Example, on each machine: ``torchrun --nnodes 2 --nproc-per-node 4 ... -m gradsync calibrate``.
+    """
+    from .launch import as_launched, launched, local_size
+
+    world = launched()["world"]
+    local = local_size(world)
+    if 1 < local < world:
+        fits, rank, _ = as_launched(machines_worker, repeats, local, timeout=600.0)
+        return fits if rank == 0 else None
+    raw, rank, _ = as_launched(worker, repeats, timeout=600.0)
+    return fit(world, list(FIT_BYTES), raw["times"], raw["add_rate"], raw["madd_rate"]) if rank == 0 else None
+
+
+def machines_topology_dict(fits: dict, name: str = "calibrated") -> dict:
+    """A two-level topology from ``machines_worker``'s fits: each machine's workers on its own
+    switch at the inside fit, the machines' switches on one network switch at the across fit
+    (latencies split over the hops a message crosses)."""
+    machines, local = fits["machines"], fits["local_size"]
+    inside, across = fits["inside"], fits["across"]
+    finite = lambda bw: bw if bw != float("inf") else 1e12      # noqa: E731
+    # a message between machines crosses worker-switch, switch-network twice: split the across
+    # latency so that the path sums to it, less the two inside hops it also crosses
+    network_latency = max(across["round_latency_s"] - inside["round_latency_s"], 0.0) / 2
+    rates = {"reduce_rate": inside["add_rate"], "madd_rate": inside["madd_rate"]}
+    nodes, links = [], []
+    for m in range(machines):
+        nodes.append({"name": f"machine{m}", "kind": "switch"})
+        links.append({"a": f"machine{m}", "b": "network", "bandwidth": finite(across["bandwidth_Bps"]),
+                      "latency": network_latency})
+        for i in range(m * local, (m + 1) * local):
+            nodes.append({"name": f"worker{i}", "kind": "host", **rates})
+            links.append({"a": f"worker{i}", "b": f"machine{m}", "bandwidth": finite(inside["bandwidth_Bps"]),
+                          "latency": inside["round_latency_s"] / 2})
+    nodes += [{"name": "ps", "kind": "cpu", **rates}, {"name": "network", "kind": "switch"}]
+    links.append({"a": "ps", "b": "machine0", "bandwidth": finite(inside["bandwidth_Bps"]),
+                  "latency": inside["round_latency_s"] / 2})
+    return {"name": name, "description": f"{machines} machines x {local} workers, calibrated by gradsync "
+            f"calibrate: inside {inside['round_latency_s'] * 1e6:.0f} us per round, "
+            f"{finite(inside['bandwidth_Bps']) / 1e9:.3g} GB/s; across {across['round_latency_s'] * 1e6:.0f} us, "
+            f"{finite(across['bandwidth_Bps']) / 1e9:.3g} GB/s per direction",
+            "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(machines * local)],
+            "host": "ps"}
+
+
 def write(fit: dict, path: str | Path) -> Path:
+    """Write a calibration (one machine's fit, or ``machines_worker``'s two) as a topology file."""
     path = Path(path)
-    data = topology_dict(fit, path.stem)
+    data = (machines_topology_dict if "across" in fit else topology_dict)(fit, path.stem)
     if path.suffix == ".json":
         path.write_text(json.dumps(data, indent=2))
     elif path.suffix in (".yaml", ".yml"):

@@ -76,6 +76,7 @@ class SlowLinks:
     # rounds feel it most (docs/experiments.md)
     idle_slow_start: bool = True
     per_node: int = 1
+    switch: str = ""              # the switch's namespace; its bridge answers at switch_address
 
     def __post_init__(self):
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 250:
@@ -89,6 +90,12 @@ class SlowLinks:
     def machines(self) -> int:
         """How many emulated machines (namespaces) the workers are on."""
         return self.workers // self.per_node
+
+    @property
+    def switch_address(self) -> str:
+        """An address on the switch itself, outside every machine: for a service that must
+        outlive any of them (the elastic rendezvous store)."""
+        return f"{SUBNET}.254"
 
     def namespace_of(self, rank: int) -> str:
         """The namespace worker ``rank`` runs in (consecutive ranks share a machine)."""
@@ -112,7 +119,7 @@ class SlowLinks:
 
     def _create(self):
         tag = f"gs{os.getpid()}"
-        switch = f"{tag}-sw"
+        switch = self.switch = f"{tag}-sw"
         self.namespaces = [f"{tag}-w{i}" for i in range(self.machines)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(self.machines)]
         self._all = [switch] + self.namespaces
@@ -121,6 +128,8 @@ class SlowLinks:
         _ip("ip", "netns", "add", switch)
         _ip("ip", "link", "add", "br0", "type", "bridge", ns=switch)
         _ip("ip", "link", "set", "br0", "up", ns=switch)
+        _ip("ip", "addr", "add", f"{self.switch_address}/24", "dev", "br0", ns=switch)
+        _ip("ip", "link", "set", "lo", "up", ns=switch)       # a process there reaches its own address
         for i, ns in enumerate(self.namespaces):
             a, b = f"{tag}v{i}a", f"{tag}v{i}b"
             _ip("ip", "netns", "add", ns)

@@ -47,6 +47,9 @@ from . import data, models
 from .train import SyncMeter, TrainConfig
 
 CHECKPOINT = "checkpoint.pt"
+# torchrun's rendezvous settings that re-form a group in seconds instead of about 47 s: close a
+# round 2 s after its last arrival, and call an agent dead after 3 missed 1 s heartbeats
+FAST_RENDEZVOUS = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 # ---------------------------------------------------------------- the worker (run by torchrun)
@@ -105,7 +108,8 @@ def worker(workdir: Path) -> None:
     spec = json.loads((workdir / "config.json").read_text())
     cfg = TrainConfig(**spec["config"])
     (workdir / "pids").mkdir(exist_ok=True)
-    (workdir / "pids" / str(os.getppid())).write_text(str(os.getpid()))   # for the fault drill
+    # for the fault drill: which worker processes each agent (its parent) runs
+    (workdir / "pids" / f"{os.getppid()}.{os.environ.get('LOCAL_RANK', '0')}").write_text(str(os.getpid()))
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = rendezvous_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, cfg.timeout)
@@ -174,43 +178,66 @@ def check(workers: int, cfg: TrainConfig, min_workers: int, kill_every: float | 
 
 
 class _Nodes:
-    """The torchrun agents of one elastic run, each in its own session so it can be killed whole."""
+    """The torchrun agents of one elastic run, one per machine, each in its own session so it
+    can be killed whole. On emulated machines (``network``) each agent runs in its machine's
+    network namespace under its own host name, with ``network.per_node`` worker processes."""
 
-    def __init__(self, workdir: Path, workers: int, min_workers: int, port: int, max_restarts: int):
-        self.workdir, self.procs, self.logs = workdir, [], []
-        self.command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{min_workers}:{workers}",
-            "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:{port}",
-            "--rdzv-id", "gradsync-elastic", "--local-addr", LOOPBACK, "--max-restarts", str(max_restarts),
-            "--monitor-interval", "0.2",
-            "--rdzv-conf", "is_host=false,join_timeout=120,last_call_timeout=2,keep_alive_interval=1,"
-                           "keep_alive_max_attempt=3",
-            "-m", "gradsync.training.elastic", str(workdir)]
-        self.env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "LOGLEVEL": os.environ.get("GRADSYNC_AGENT_LOGLEVEL", "WARNING"),
+    def __init__(self, workdir: Path, machines: int, min_machines: int, endpoint: str, max_restarts: int,
+                 network=None):
+        self.workdir, self.network, self.procs, self.logs = workdir, network, {}, []
+        per_node = network.per_node if network is not None else 1
+        self.head = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{min_machines}:{machines}",
+            "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "gradsync-elastic", "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
+            "--rdzv-conf", "is_host=false,join_timeout=120," + FAST_RENDEZVOUS]
+        self.tail = ["-m", "gradsync.training.elastic", str(workdir)]
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1",
+                    "GLOO_SOCKET_IFNAME": network.interface if network is not None else "lo",
+                    "LOGLEVEL": os.environ.get("GRADSYNC_AGENT_LOGLEVEL", "WARNING"),
                     # workers' stores on worker rank 0, re-chosen every round: the agents' shared store
                     # would stay on the first rank-0 agent, which may be the one that dies
                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
-    def start(self) -> None:
-        log = open(self.workdir / f"agent{len(self.procs)}.log", "w")
+    def start(self, machine: int) -> None:
+        """Start (or restart) the agent of ``machine``."""
+        log = open(self.workdir / f"agent{len(self.logs)}.log", "w")
         self.logs.append(log)
-        self.procs.append(subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+        prefix, address = [], LOOPBACK
+        if self.network is not None:
+            address = self.network.addresses[machine]
+            prefix = ["ip", "netns", "exec", self.network.namespaces[machine], "unshare", "--uts", "sh", "-c",
+                      f'hostname machine{machine} && exec "$0" "$@"']     # exec all the way: the pid is the agent's
+        self.procs[machine] = subprocess.Popen([*prefix, *self.head, "--local-addr", address, *self.tail],
+                                               env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
 
     def alive(self) -> list[int]:
-        return [i for i, p in enumerate(self.procs) if p.poll() is None]
+        return [i for i, p in self.procs.items() if p.poll() is None]
 
-    def kill(self, i: int) -> None:
-        """SIGKILL agent ``i`` and its worker (a lost machine)."""
-        agent = self.procs[i]
-        pid_file = self.workdir / "pids" / str(agent.pid)
-        for pgid in (agent.pid, int(pid_file.read_text()) if pid_file.exists() else None):
-            if pgid is not None:
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    def _workers(self, machine: int) -> dict[int, int]:
+        """Local rank -> pid of the worker processes the agent of ``machine`` runs now."""
+        found = {}
+        for f in (self.workdir / "pids").glob(f"{self.procs[machine].pid}.*"):
+            try:
+                found[int(f.name.split(".")[1])] = int(f.read_text())
+            except ValueError:                   # a file being written
+                pass
+        return found
+
+    def kill(self, machine: int) -> None:
+        """SIGKILL the agent of ``machine`` and its workers (a lost machine)."""
+        agent = self.procs[machine]
+        for pgid in (agent.pid, *self._workers(machine).values()):
+            _kill_group(pgid)
         agent.wait()
+
+    def kill_worker(self, machine: int, local_rank: int) -> None:
+        """SIGKILL one worker process of ``machine``; its agent stays and restarts it."""
+        pid = self._workers(machine).get(local_rank)
+        if pid is None:
+            raise GradsyncError(f"machine {machine} runs no worker with local rank {local_rank}")
+        _kill_group(pid)
 
     def close(self, grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -222,12 +249,19 @@ class _Nodes:
         for log in self.logs:
             log.close()
 
-    def tail(self, lines: int = 3) -> str:
+    def tail_of_logs(self, lines: int = 3) -> str:
         for log in self.logs:
             log.flush()
         texts = [Path(log.name).read_text(errors="replace").strip().splitlines() for log in self.logs]
         errors = [t for text in texts for t in text if "Error" in t or "error" in t]
         return " | ".join(errors[-lines:]) or "no error in the agents' logs"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _running(workdir: Path, workers: int, since: float) -> int | None:
@@ -244,20 +278,39 @@ def _running(workdir: Path, workers: int, since: float) -> int | None:
 
 
 def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_every: float | None = None,
-          max_kills: int | None = None, rejoin_after: float = 3.0, seed: int = 0, timeout: float = 1800.0,
-          workdir: str | None = None) -> dict:
-    """Train on ``workers`` torchrun agents; with ``kill_every``, a fault drill SIGKILLs one
-    worker (agent and process) every that many seconds of running training (at most
-    ``max_kills`` times) and starts a replacement ``rejoin_after`` seconds later. The
-    checkpoint and the agents' logs stay in ``workdir`` if one is given.
+          max_kills: int | None = None, rejoin_after: float | None = 3.0, seed: int = 0, timeout: float = 1800.0,
+          workdir: str | None = None, network=None, victims: list[tuple[str, int]] | None = None) -> dict:
+    """Train on ``workers`` workers, one torchrun agent per machine; with ``kill_every``, a
+    fault drill kills every that many seconds of running training (at most ``max_kills``
+    times) and starts a lost machine's agent again ``rejoin_after`` seconds later (never if None).
+
+    Without ``network`` every worker is a machine of its own on this host's loopback; with a
+    ``SlowLinks`` (``network.per_node`` workers per emulated machine) the agents run on the
+    emulated machines and meet at a ``gradsync store`` on the switch, outside every machine, as
+    docs/multinode.md recommends. The drill's victims are random machines, or ``victims`` in
+    turn: ``("machine", i)`` kills machine i's agent and workers, ``("worker", i)`` one worker
+    process of machine i (its agent restarts it). Each kill reports ``recovered_s`` (from the
+    kill to the next group training) and, for a machine, ``admitted_s`` (from its return to a
+    full group training). The checkpoint and the agents' logs stay in ``workdir`` if one is given.
 
     Example::
 
         result = train(3, TrainConfig(epochs=2), min_workers=2, kill_every=10)
-        result["final"]["step"], len(result["kills"])
+        result["final"]["step"], result["kills"][0]["recovered_s"]
     """
     min_workers = workers if min_workers is None else min_workers
     check(workers, cfg, min_workers, kill_every)
+    per_node = network.per_node if network is not None else 1
+    if network is not None and (network.workers != workers or min_workers % per_node):
+        raise ConfigError(f"on emulated machines of {per_node} workers, workers ({workers}) must be the network's "
+                          f"{network.workers} and min_workers ({min_workers}) a multiple of {per_node}")
+    machines = workers // per_node
+    if victims is not None:
+        for kind, machine in victims:
+            if kind not in ("machine", "worker") or not 0 <= machine < machines:
+                raise ConfigError(f"victims are ('machine' | 'worker', index in 0..{machines - 1}), got "
+                                  f"{(kind, machine)!r}")
+        max_kills = len(victims) if max_kills is None else min(max_kills, len(victims))
     own_dir = workdir is None
     work = Path(tempfile.mkdtemp(prefix="gradsync-elastic-") if own_dir else workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -266,48 +319,94 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
     for partial in work.glob("*.tmp*"):          # writes cut short by an earlier kill
         partial.unlink()
     (work / "config.json").write_text(json.dumps({"config": asdict(cfg)}))
-    # the rendezvous store lives here, in the launcher, which no drill kills
-    store = rendezvous_store(LOOPBACK, 0, 0, 1, timeout=60.0)
-    nodes = _Nodes(work, workers, min_workers, store.port, max_restarts=1000)
+    # the rendezvous store lives outside every machine the drill may kill
+    store = _Store(network)
+    nodes = _Nodes(work, machines, min_workers // per_node, store.endpoint, max_restarts=1000, network=network)
     kills, rng, start = [], random.Random(seed), time.monotonic()
     stop = threading.Event()
     try:
-        for _ in range(workers):
-            nodes.start()
+        for machine in range(machines):
+            nodes.start(machine)
         next_kill = start + kill_every if kill_every else None
         last_kill = 0.0
         while not (work / "done.json").exists():
             if not nodes.alive():
-                raise GradsyncError(f"elastic training stopped: every agent exited ({nodes.tail()})")
+                raise GradsyncError(f"elastic training stopped: every agent exited ({nodes.tail_of_logs()})")
             if time.monotonic() - start > timeout:
-                raise GradsyncError(f"elastic training did not finish within {timeout:.0f} s ({nodes.tail()})")
+                raise GradsyncError(f"elastic training did not finish within {timeout:.0f} s "
+                                    f"({nodes.tail_of_logs()})")
             now = time.monotonic()
             if next_kill is not None and now >= next_kill and (max_kills is None or len(kills) < max_kills):
                 step = _running(work, workers, since=last_kill)
-                if step is not None and len(nodes.alive()) == workers:
-                    victim = rng.choice(nodes.alive())
-                    nodes.kill(victim)
-                    last_kill = time.time()
-                    kills.append({"time_s": now - start, "agent": victim, "step": step})
-                    stop.wait(rejoin_after)
-                    nodes.start()                                   # the replacement joins
+                if step is not None and len(nodes.alive()) == machines:
+                    kind, victim = victims[len(kills)] if victims else ("machine", rng.choice(nodes.alive()))
+                    kill = {"time_s": now - start, "kind": kind, "machine": victim, "step": step}
+                    if kind == "worker":
+                        nodes.kill_worker(victim, local_rank=per_node - 1)
+                        kill["at"] = last_kill = time.time()
+                    else:
+                        nodes.kill(victim)
+                        kill["at"] = last_kill = time.time()
+                        if rejoin_after is not None:
+                            stop.wait(rejoin_after)
+                            nodes.start(victim)                     # the machine comes back
+                            kill["returned"] = time.time()
+                    kills.append(kill)
                     next_kill = time.monotonic() + kill_every
             stop.wait(0.2)
         elapsed = time.monotonic() - start
     finally:
         nodes.close(grace=30.0)
+        store.close()
     done = json.loads((work / "done.json").read_text())
     state = torch.load(work / CHECKPOINT, weights_only=True)
     events = [json.loads(line) for line in (work / "events.jsonl").read_text().splitlines()]
+    for kill in kills:
+        _recovery_times(kill, events, workers)
     t0 = events[0]["time"] if events else 0.0
     for e in events + state["history"]:
         e["time"] = round(e["time"] - t0, 3)
-    result = {"workers": workers, "min_workers": min_workers, "config": asdict(cfg), "elapsed_s": elapsed,
-              "history": state["history"], "events": events, "kills": kills, "final": done,
+    result = {"workers": workers, "machines": machines, "min_workers": min_workers, "config": asdict(cfg),
+              "elapsed_s": elapsed, "history": state["history"], "events": events, "kills": kills, "final": done,
               "restarts": len(events) - 1}
     if own_dir:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _recovery_times(kill: dict, events: list[dict], workers: int) -> None:
+    """Add to ``kill`` how long the job took to train again, and to admit the returned machine."""
+    at, returned = kill.pop("at"), kill.pop("returned", None)
+    again = [e["time"] for e in events if e["time"] > at]
+    kill["recovered_s"] = round(again[0] - at, 3) if again else None
+    if returned is not None:
+        full = [e["time"] for e in events if e["time"] > returned and e["world_size"] == workers]
+        kill["admitted_s"] = round(full[0] - returned, 3) if full else None
+
+
+class _Store:
+    """The rendezvous store of a run: in this process on loopback, or, on emulated machines, a
+    ``gradsync store`` process on the switch's own address (reachable from every machine)."""
+
+    def __init__(self, network=None):
+        self.proc = None
+        if network is None:
+            self.store = rendezvous_store(LOOPBACK, 0, 0, 1, timeout=60.0)
+            self.endpoint = f"{LOOPBACK}:{self.store.port}"
+            return
+        self.proc = subprocess.Popen(["ip", "netns", "exec", network.switch, sys.executable, "-m", "gradsync", "store",
+                                      "--host", network.switch_address, "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on " not in line:
+            self.proc.kill()
+            raise GradsyncError(f"the rendezvous store did not start: {self.proc.stderr.read().strip()[-500:]}")
+        self.endpoint = line.split("listening on ")[1].split()[0]
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 if __name__ == "__main__":
