@@ -77,3 +77,21 @@ def test_replicas_that_disagree_after_recovery_are_refused_on_every_rank(weight_
         assert "replicas disagree after recovery: ranks [1] differ from rank 0" in r.get("error", ""), r
     if step_nudge:
         assert "1: 8" in r["error"] and "0: 7" in r["error"], r
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"config": {"epochs": 3, "lrr": 1}}', "unknown field\\(s\\) 'lrr'"),
+    ('{"epochs": 3}', 'expected {"config"'),
+    ('{"config": {"algorithm": "cerar"}}', "needs an exact algorithm"),
+    ('{"config": {"epochs": "3"}}', "epochs must be an integer >= 1, got '3'"),
+    ("{not json", "cannot read it as JSON"),
+])
+def test_the_elastic_run_directory_config_is_checked_with_a_clear_error(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        elastic.read_config(tmp_path)
+
+
+def test_the_elastic_run_directory_config_fills_defaults(tmp_path):
+    (tmp_path / "config.json").write_text('{"config": {"algorithm": "hierarchical", "epochs": 3}}')
+    assert elastic.read_config(tmp_path) == TrainConfig(algorithm="hierarchical", epochs=3)

@@ -20,6 +20,7 @@ whatever the world size, so the run follows the fault-free trajectory up to floa
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -101,12 +102,36 @@ def _evaluate(model, split) -> dict:
                 "test_accuracy": (model(split.x_test).argmax(1) == split.y_test).float().mean().item()}
 
 
+def read_config(workdir: Path) -> TrainConfig:
+    """The run's ``TrainConfig`` from ``workdir/config.json``, ``{"config": {field: value}}`` with
+    any of TrainConfig's fields (the others keep their defaults), checked before training.
+
+    Example: ``{"config": {"algorithm": "hierarchical", "epochs": 20, "model": "cnn"}}``.
+    """
+    path = Path(workdir) / "config.json"
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read it as JSON ({e})") from None
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = spec.get("config") if isinstance(spec, dict) else None
+    if not isinstance(given, dict):
+        raise ConfigError(f'{path}: expected {{"config": {{field: value, ...}}}}, got {str(spec)[:80]!r}')
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {', '.join(map(repr, unknown))}; TrainConfig has "
+                          f"{', '.join(sorted(known))}")
+    cfg = TrainConfig(**given)
+    workers = int(os.environ.get("WORLD_SIZE", 1))
+    check(workers, cfg, workers, None)
+    return cfg
+
+
 def worker(workdir: Path) -> None:
     """One rank of an elastic run, started (and restarted) by torchrun's agent."""
     from torch.nn.parallel import DistributedDataParallel
 
-    spec = json.loads((workdir / "config.json").read_text())
-    cfg = TrainConfig(**spec["config"])
+    cfg = read_config(workdir)
     (workdir / "pids").mkdir(exist_ok=True)
     # for the fault drill: which worker processes each agent (its parent) runs
     (workdir / "pids" / f"{os.getppid()}.{os.environ.get('LOCAL_RANK', '0')}").write_text(str(os.getpid()))
@@ -410,6 +435,13 @@ class _Store:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[2] == "--check":     # check DIR/config.json before starting agents
+        try:
+            print(f"ok: {read_config(Path(sys.argv[1]))}")
+        except ConfigError as e:
+            print(f"gradsync: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
     worker(Path(sys.argv[1]))
     # Leave without interpreter teardown: in about one run in six, a C++ destructor there
     # (after the process group is destroyed, no Python frame left) aborts with "terminate
