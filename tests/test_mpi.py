@@ -1,6 +1,7 @@
 """The MPI engine under mpirun (Open MPI): every algorithm against the exact sum."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -68,3 +69,17 @@ def test_bench_takes_a_hostfile_and_groups_ranks_by_machine(tmp_path):
     rows = json.loads(out.stdout)
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert [r["algorithm"] for r in rows] == ["native", "hierarchical"] and all(r["max_error"] < 1e-6 for r in rows)
+
+
+@pytest.mark.slow
+def test_bench_inside_an_mpirun_runs_on_its_ranks_and_reports_once():
+    out = subprocess.run(["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader",
+                          sys.executable, "-m", "gradsync", "bench", "--backend", "mpi", "--sizes", "64KB",
+                          "--iters", "2", "--algorithms", "ring,tree", "--format", "json"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)                                   # one document: rank 0 alone reports
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert {r["algorithm"] for r in rows} == {"native", "ring", "tree"}
+    assert all(r["workers"] == 3 and r["max_error"] < 1e-6 for r in rows)     # against the float64 sum

@@ -615,7 +615,17 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     topo = _predictor(topology, chosen, options, dtype, workers)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
     from .runtime.launch import launched
-    if backend == "mpi":
+    if backend == "mpi" and "OMPI_COMM_WORLD_RANK" in os.environ:     # inside an mpirun (or its allocation)
+        if hostfile or link_bandwidth:
+            raise click.UsageError("under mpirun, bench --backend mpi runs on mpirun's ranks: drop --hostfile "
+                                   "and --link-bandwidth")
+        engine = bench_mod.MpiEngine()
+        workers = engine.comm.Get_size()
+        rows = bench_mod.worker(engine.comm.Get_rank(), workers, *args, engine=engine)
+        if rows is None:
+            return                        # rank 0 reports
+        where = f"{workers} MPI ranks started by mpirun"
+    elif backend == "mpi":
         rows = _bench_mpi(workers, args, timeout, link_bandwidth, hostfile)
         where = f"{workers} MPI ranks (mpirun, hosts from {hostfile})" if hostfile else f"{workers} local MPI ranks (mpirun)"
     elif launched() is not None:          # started by torchrun (mpirun, srun): be one rank of that job
