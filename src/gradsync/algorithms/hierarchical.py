@@ -15,6 +15,11 @@ on each crossing link; here a machine's rails together send 2 (M - 1)/M of it th
 machine's network link, and the L - 1 local steps run on the fast links inside it. On 2
 machines x 2 workers, 1.5x less traffic across the slow link.
 
+With ``inter="ring"`` this is also the 2D-torus all-reduce (Mikami et al., "Massively
+Distributed SGD: ImageNet/ResNet-50 Training in a Flash", 2018): workers on an L x M grid,
+reduce-scatter along the rows, all-reduce along the columns, all-gather along the rows; on a
+torus the rows are the machines and the columns the rails, so no separate variant is needed.
+
 Cost (rails sharing one network link per machine): 2 (L - 1) (alpha_l + n/L beta_l)
 + inter(M, n) on (alpha, beta) + (L - 1)/L (n/s) gamma.
 """
