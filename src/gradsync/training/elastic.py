@@ -307,7 +307,8 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
           workdir: str | None = None, network=None, victims: list[tuple[str, int]] | None = None) -> dict:
     """Train on ``workers`` workers, one torchrun agent per machine; with ``kill_every``, a
     fault drill kills every that many seconds of running training (at most ``max_kills``
-    times) and starts a lost machine's agent again ``rejoin_after`` seconds later (never if None).
+    times) and starts a lost machine's agent again ``rejoin_after`` seconds later, once the
+    survivors train on their own (never if None).
 
     Without ``network`` every worker is a machine of its own on this host's loopback; with a
     ``SlowLinks`` (``network.per_node`` workers per emulated machine) the agents run on the
@@ -373,7 +374,11 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
                         nodes.kill(victim)
                         kill["at"] = last_kill = time.time()
                         if rejoin_after is not None:
+                            # back after rejoin_after, and not before the survivors train alone
+                            # (on loaded cores their restart can outlast any fixed delay)
                             stop.wait(rejoin_after)
+                            _wait_for(lambda: _running(work, workers - per_node, since=kill["at"]) is not None
+                                      or (work / "done.json").exists(), stop, limit=120.0)
                             nodes.start(victim)                     # the machine comes back
                             kill["returned"] = time.time()
                     kills.append(kill)
@@ -397,6 +402,12 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
     if own_dir:
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _wait_for(condition, stop: threading.Event, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not condition() and time.monotonic() < deadline:
+        stop.wait(0.2)
 
 
 def _recovery_times(kill: dict, events: list[dict], workers: int) -> None:
