@@ -54,10 +54,12 @@ def transfers(round, src, dst, offset, count, op) -> np.ndarray:
     1
     """
     cols = np.broadcast_arrays(*(np.asarray(c) for c in (round, src, dst, offset, count, op)))
-    table = np.empty(cols[0].size, TRANSFER_DTYPE)
+    table = np.empty(cols[0].shape, TRANSFER_DTYPE)
     for name, col in zip(TRANSFER_DTYPE.names, cols):
-        table[name] = col.ravel()
-    return table[table["count"] > 0]
+        table[name] = col                 # broadcast in place: no flattened copy of each column
+    table = table.reshape(-1)
+    empty = table["count"] <= 0
+    return table[~empty] if empty.any() else table
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -89,8 +91,10 @@ class Schedule:
     codec: dict | None = None  # for CODED transfers: the name and parameters of the codec
 
     def __post_init__(self):
-        order = np.argsort(self.transfers["round"], kind="stable")
-        object.__setattr__(self, "transfers", _frozen(self.transfers[order]))
+        rounds = self.transfers["round"]
+        if len(rounds) > 1 and (rounds[1:] < rounds[:-1]).any():   # most builders emit them in order
+            object.__setattr__(self, "transfers", self.transfers[np.argsort(rounds, kind="stable")])
+        object.__setattr__(self, "transfers", _frozen(self.transfers))
         object.__setattr__(self, "compute", _frozen(self.compute))
         object.__setattr__(self, "helpers", tuple(self.helpers))
 

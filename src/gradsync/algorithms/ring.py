@@ -59,11 +59,11 @@ def schedule(workers: int, elements: int, rings=None, weights=None) -> Schedule:
     for k, order in enumerate(map(np.array, rings)):
         bounds = ring_bounds[k] + chunk_bounds(ring_bounds[k + 1] - ring_bounds[k], workers)
         src, dst = order[pos], order[(pos + 1) % workers]
+        sizes = np.diff(bounds)
         sent = (pos - step) % workers                     # reduce-scatter chunk
-        tables.append(transfers(step, src, dst, bounds[sent], bounds[sent + 1] - bounds[sent], REDUCE))
+        tables.append(transfers(step, src, dst, bounds[sent], sizes[sent], REDUCE))
         sent = (pos + 1 - step) % workers                 # all-gather chunk
-        tables.append(transfers(workers - 1 + step, src, dst, bounds[sent],
-                                bounds[sent + 1] - bounds[sent], COPY))
+        tables.append(transfers(workers - 1 + step, src, dst, bounds[sent], sizes[sent], COPY))
     return Schedule("ring", workers, elements, np.concatenate(tables),
                     options={"rings": rings, "weights": weights})
 
