@@ -143,3 +143,56 @@ def test_worker_count_beyond_the_topology_is_refused():
     from gradsync import ConfigError
     with pytest.raises(ConfigError, match="has 4 worker devices"):
         simulate(schedule("ring", 5, 10), preset("pcie-switch-4"))
+
+
+SYMMETRIC = [("ring", "ethernet", 7, 7 * 1000), ("sharded", "ethernet", 5, 5 * 64), ("host", "ethernet", 4, 999),
+             ("cerar", "ethernet", 4, 4 * 96), ("ring", "ring", 6, 6 * 50), ("sharded", "pcie-switch-4", 4, 400)]
+
+
+@pytest.mark.parametrize("algorithm,topology,workers,elements", SYMMETRIC)
+def test_symmetric_shortcut_gives_the_full_simulation_bit_for_bit(algorithm, topology, workers, elements):
+    topo = preset(topology, workers=workers)
+    s = schedule(algorithm, workers, elements, **default_options(algorithm, topo, workers))
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None and full.orbit is None       # the shortcut was taken, and only where asked
+    assert len(fast.flow_times[0]) * workers == len(s.transfers)
+    for name in ("start", "sent", "done", "node_done", "channel_bytes", "channel_busy", "round_end"):
+        assert np.array_equal(getattr(fast, name), getattr(full, name)), name
+    assert fast.time == full.time
+
+
+@pytest.mark.parametrize("algorithm,topology,workers,elements", [
+    ("ring", "ethernet", 6, 6 * 100 + 1),            # unequal chunks
+    ("ring", "lowbw-cluster", 8, 800),               # workers on unequal routes
+    ("central", "ethernet", 5, 500), ("tree", "ethernet", 6, 600)])
+def test_asymmetric_runs_are_simulated_in_full(algorithm, topology, workers, elements):
+    topo = preset(topology, workers=workers)
+    assert simulate(schedule(algorithm, workers, elements), topo).orbit is None
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_timeline_npz_round_trips(tmp_path, symmetric):
+    from gradsync.simulate import load_timeline
+    topo = preset("ethernet", workers=6)
+    result = simulate(schedule("ring", 6, 600 if symmetric else 601), topo)
+    assert (result.orbit is not None) == symmetric
+    result.save(tmp_path / "t.npz")
+    result.save(tmp_path / "t.json")
+    for name in ("t.npz", "t.json"):
+        data = load_timeline(tmp_path / name)
+        assert data["time_s"] == result.time and data["workers"] == 6
+        for column in ("start", "sent", "done"):
+            assert np.array_equal(data["timeline"][column], getattr(result, column))
+        for column in ("src", "dst", "count", "op", "round", "offset"):
+            assert np.array_equal(data["timeline"][column], result.schedule.transfers[column])
+
+
+def test_timeline_refuses_other_formats(tmp_path):
+    from gradsync import ConfigError
+    from gradsync.simulate import load_timeline
+    result = simulate(schedule("ring", 3, 30), preset("ethernet", workers=3))
+    with pytest.raises(ConfigError, match="npz or .json"):
+        result.save(tmp_path / "t.csv")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="cannot read timeline"):
+        load_timeline(tmp_path / "bad.npz")

@@ -47,16 +47,20 @@ def chunk_bounds(elements: int, parts: int, weights=None) -> np.ndarray:
     return np.floor(cum * elements + 1e-9).astype(np.int64)
 
 
-def transfers(round, src, dst, offset, count, op) -> np.ndarray:
-    """Build a transfer table from broadcastable columns, dropping empty transfers.
+def transfers(round, src, dst, offset, count, op, out=None) -> np.ndarray:
+    """Build a transfer table from broadcastable columns, dropping empty transfers; or fill
+    ``out``, a table of the columns' broadcast shape, keeping them (large schedules build one
+    table in parts this way, without concatenating copies).
 
     >>> len(transfers(0, [1, 2], 0, 0, [5, 0], REDUCE))
     1
     """
     cols = np.broadcast_arrays(*(np.asarray(c) for c in (round, src, dst, offset, count, op)))
-    table = np.empty(cols[0].shape, TRANSFER_DTYPE)
+    table = np.empty(cols[0].shape, TRANSFER_DTYPE) if out is None else out
     for name, col in zip(TRANSFER_DTYPE.names, cols):
         table[name] = col                 # broadcast in place: no flattened copy of each column
+    if out is not None:
+        return out
     table = table.reshape(-1)
     empty = table["count"] <= 0
     return table[~empty] if empty.any() else table
