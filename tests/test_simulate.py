@@ -196,3 +196,56 @@ def test_timeline_refuses_other_formats(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(ConfigError, match="cannot read timeline"):
         load_timeline(tmp_path / "bad.npz")
+
+
+def star_with(costs, workers=3, bandwidth=1e9):
+    """A star whose worker nodes carry ``costs`` (copy_rate, message_overhead, fan_in)."""
+    nodes = [Node(f"w{i}", "host", **costs) for i in range(workers)] + [Node("sw", "switch")]
+    links = [Link(f"w{i}", "sw", bandwidth) for i in range(workers)]
+    return Topology("star", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(workers)))
+
+
+def test_message_overhead_is_charged_per_message_at_both_ends():
+    plain = simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), star_with({}, 2), itemsize=1)
+    costly = simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), star_with({"message_overhead": 1e-3}, 2), itemsize=1)
+    assert costly.node_done.tolist() == pytest.approx([plain.time + 1e-3] * 2, rel=1e-12)
+    # three messages into w0 in one round: w0 pays three overheads, each sender one
+    fan = handmade(4, [(0, 1, 0, 0, 10, REDUCE), (0, 2, 0, 0, 10, REDUCE), (0, 3, 0, 0, 10, REDUCE)])
+    r = simulate(fan, star_with({"message_overhead": 1e-3}, 4, bandwidth=1e12), itemsize=1)
+    assert r.node_done[0] - r.done.max() == pytest.approx(3e-3, rel=1e-9)
+    assert r.node_done[1] - r.done[0] == pytest.approx(1e-3, rel=1e-9)
+
+
+def test_copy_rate_is_shared_by_everything_a_node_sends_and_receives():
+    # links far faster than the nodes: the receiver's copy rate bounds the fan-in of 3 x 1 MB
+    fan = handmade(4, [(0, 1, 0, 0, MB, REDUCE), (0, 2, 0, 0, MB, REDUCE), (0, 3, 0, 0, MB, REDUCE)])
+    r = simulate(fan, star_with({"copy_rate": 1e9}, 4, bandwidth=1e12), itemsize=1)
+    assert r.time == pytest.approx(3 * MB / 1e9, rel=1e-9)
+    # an exchange: each node sends and receives 1 MB through one copy channel, half its rate each way
+    swap = handmade(2, [(0, 0, 1, 0, MB, REDUCE), (0, 1, 0, 0, MB, REDUCE)])
+    assert simulate(swap, star_with({"copy_rate": 1e9}, 2, bandwidth=1e12), itemsize=1).time == pytest.approx(2e-3)
+    # one way, the whole rate
+    one = handmade(2, [(0, 0, 1, 0, MB, REDUCE)])
+    assert simulate(one, star_with({"copy_rate": 1e9}, 2, bandwidth=1e12), itemsize=1).time == pytest.approx(1e-3)
+
+
+def test_fan_in_slows_a_receiver_per_extra_concurrent_sender():
+    fan = handmade(4, [(0, 1, 0, 0, MB, REDUCE), (0, 2, 0, 0, MB, REDUCE), (0, 3, 0, 0, MB, REDUCE)])
+    r = simulate(fan, star_with({"copy_rate": 1e9, "fan_in": 0.25}, 4, bandwidth=1e12), itemsize=1)
+    assert r.time == pytest.approx(3 * MB / (1e9 / (1 + 0.25 * 2)), rel=1e-9)
+    one = handmade(2, [(0, 0, 1, 0, MB, REDUCE)])       # a single sender pays no incast
+    assert simulate(one, star_with({"copy_rate": 1e9, "fan_in": 0.25}, 2, bandwidth=1e12),
+                    itemsize=1).time == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "sharded", "host"])
+def test_symmetric_shortcut_holds_with_node_costs(algorithm):
+    nodes = [Node(f"w{i}", "host", 2e9, None, 3e9, 20e-6, 0.1) for i in range(5)]
+    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1), Node("sw", "switch")]
+    links = [Link(n.name, "sw", 5e9, 1e-6, "half") for n in nodes[:-1]]
+    topo = Topology("costly", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(5)), host="ps")
+    s = schedule(algorithm, 5, 5 * 4000)
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None
+    assert np.array_equal(fast.done, full.done) and np.array_equal(fast.node_done, full.node_done)
+    assert np.array_equal(fast.channel_busy, full.channel_busy)

@@ -210,18 +210,16 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4, symmetry
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
         raise ConfigError(f"itemsize must be a positive integer number of bytes, got {itemsize!r}")
     placement = _placement(schedule, topology)
-    names = [topology.nodes[p].name for p in placement]
+    net = _Net.of(topology, placement)
     n_channels = 2 * len(topology.links)
-    capacity = np.append(topology.channel_capacity, np.inf)
-    rates = (np.array([topology.reduce_rate(n) or np.inf for n in names]),
-             np.array([topology.madd_rate(n) or np.inf for n in names]))
     found = _cyclic(schedule) if symmetry else None
-    system = _quotient(schedule, topology, names, capacity, rates, itemsize, *found) if found else None
+    system = _quotient(schedule, net, itemsize, *found) if found else None
     if system is None:
-        system = _full(schedule, topology, names, capacity, rates, itemsize)
+        system = _full(schedule, net, itemsize)
     start, sent, done, node_done, busy = _run(system.paths, system.latency, system.nbytes, system.capacity,
                                               system.weight, system.step_src, system.step_dst,
-                                              system.step_node, system.work_time, system.nodes)
+                                              system.step_node, system.work_time, system.nodes,
+                                              system.inbound, system.fan_in)
     carried = np.bincount(system.paths.ravel(), weights=np.repeat(system.nbytes, system.paths.shape[1]),
                           minlength=len(system.capacity)) * system.weight
     carried[-1] = busy[-1] = 0.0                          # the padding channel
@@ -229,6 +227,41 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4, symmetry
     return SimResult(schedule, topology, itemsize, float(node_done.max(initial=0.0)), node_done,
                      carried[system.channel_of][:n_channels], busy[system.channel_of][:n_channels], placement,
                      np.stack([start, sent, done]), system.flow_round, system.orbit)
+
+
+@dataclass(frozen=True, eq=False)
+class _Net:
+    """The topology as the simulator reads it, for the schedule's nodes: channels (the links'
+    directed channels, then one per node with a copy rate, then padding), their capacities
+    and incast factors, and the nodes' rates and overheads."""
+
+    topology: Topology
+    names: list
+    capacity: np.ndarray          # per channel, padding last (infinite)
+    fan_in: np.ndarray            # per channel (0: none)
+    node_channel: np.ndarray      # per schedule node: its copy channel, or the padding
+    add_rate: np.ndarray          # per schedule node
+    madd_rate: np.ndarray
+    overhead: np.ndarray          # seconds per message
+
+    @property
+    def padding(self) -> int:
+        return len(self.capacity) - 1
+
+    @classmethod
+    def of(cls, topology: Topology, placement: np.ndarray) -> "_Net":
+        names = [topology.nodes[p].name for p in placement]
+        nodes = [topology.nodes[p] for p in placement]
+        copying = sorted({int(p) for p, n in zip(placement, nodes) if n.copy_rate})
+        n_links = 2 * len(topology.links)
+        padding = n_links + len(copying)
+        where = {p: n_links + i for i, p in enumerate(copying)}
+        capacity = np.concatenate([topology.channel_capacity, [topology.nodes[p].copy_rate for p in copying], [np.inf]])
+        fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
+        return cls(topology, names, capacity.astype(float), fan_in,
+                   np.array([where.get(int(p), padding) for p in placement], dtype=np.int64),
+                   np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
+                   np.array([n.message_overhead or 0.0 for n in nodes]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,6 +273,8 @@ class _System:
 
     paths: np.ndarray
     capacity: np.ndarray
+    fan_in: np.ndarray
+    inbound: np.ndarray           # per flow: the receiver's copy channel (or the padding)
     latency: np.ndarray
     nbytes: np.ndarray
     weight: np.ndarray
@@ -254,33 +289,32 @@ class _System:
     orbit: np.ndarray | None
 
 
-def _full(schedule, topology, names, capacity, rates, itemsize) -> _System:
+def _full(schedule, net, itemsize) -> _System:
     """Every transfer a flow."""
     t, c, nodes = schedule.transfers, schedule.compute, schedule.nodes
     pair = t["src"].astype(np.int64) * nodes + t["dst"]
     unique, inverse = _dense_unique(pair, nodes * nodes)
-    paths, latency = _pair_routes(unique // nodes, unique % nodes, names, topology)
-    n_channels = 2 * len(topology.links)
+    paths, latency = _pair_routes(unique // nodes, unique % nodes, net)
     adds = np.where(t["op"] != COPY, t["count"], 0)
     steps = _steps(t["src"], t["dst"], t["round"], max(schedule.rounds, 1), c["node"], c["round"], c["madds"],
-                   adds, np.ones(nodes), *rates)
+                   adds, np.ones(nodes), net.add_rate, net.madd_rate, net.overhead)
     inverse = inverse.reshape(-1)
-    return _System(paths[inverse], capacity, latency[inverse], t["count"].astype(float) * itemsize,
-                   np.ones(n_channels + 1), *steps, nodes, t["round"], np.arange(nodes), np.arange(n_channels + 1), None)
+    return _System(paths[inverse], net.capacity, net.fan_in, net.node_channel[t["dst"]], latency[inverse],
+                   t["count"].astype(float) * itemsize, np.ones(len(net.capacity)), *steps, nodes, t["round"],
+                   np.arange(nodes), np.arange(len(net.capacity)), None)
 
 
-def _quotient(schedule, topology, names, capacity, rates, itemsize, rep, orbit) -> _System | None:
+def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     """The transfers of block 0 of a rotation-symmetric schedule (``_cyclic``) as the flows,
     or None where the topology breaks the symmetry. Proven here: the rotation maps every
-    route onto a route (a permutation of the channels that keeps capacities, and the same
-    latency), and every worker has the same rates. Then every transfer's rotated copies see
-    the same state at every event: a channel orbit of size m carries N/m times block 0's
-    crossings of it, which ``weight`` says, and a helper (fixed by the rotation) does the
-    work of N times block 0's transfers into it."""
+    route onto a route (a permutation of the channels that keeps capacities and incast
+    factors, and the same latency), and every worker has the same rates and overheads. Then
+    every transfer's rotated copies see the same state at every event: a channel orbit of
+    size m carries N/m times block 0's crossings of it, which ``weight`` says, and a helper
+    (fixed by the rotation) does the work of N times block 0's transfers into it."""
     n, t, c, nodes = schedule.workers, schedule.transfers, schedule.compute, schedule.nodes
-    n_channels = 2 * len(topology.links)
-    add_rate, madd_rate = rates
-    if (add_rate[:n] != add_rate[0]).any() or (madd_rate[:n] != madd_rate[0]).any():
+    padding = net.padding
+    if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead)):
         return None
     rep = t[rep]
     pairs = np.unique(rep["src"].astype(np.int64) * nodes + rep["dst"])
@@ -288,45 +322,50 @@ def _quotient(schedule, topology, names, capacity, rates, itemsize, rep, orbit) 
         return None
     k = np.arange(n)[:, None]
     rotated = [np.where(x < n, (x + k) % n, x) for x in (pairs // nodes, pairs % nodes)]
-    paths, latency = _pair_routes(rotated[0].ravel(), rotated[1].ravel(), names, topology)
+    paths, latency = _pair_routes(rotated[0].ravel(), rotated[1].ravel(), net)
     paths, latency = paths.reshape(n, len(pairs), -1), latency.reshape(n, len(pairs))
     image = np.roll(paths, -1, axis=0)                     # route of each pair rotated once more
-    if (latency != latency[0]).any() or ((paths == n_channels) != (image == n_channels)).any():
+    if (latency != latency[0]).any() or ((paths == padding) != (image == padding)).any():
         return None
-    pi = np.arange(n_channels + 1)
+    pi = np.arange(padding + 1)
     pi[paths.ravel()] = image.ravel()
     used = np.unique(paths)
     if ((pi[paths] != image).any() or len(np.unique(pi[used])) != len(used)
-            or (capacity[pi[used]] != capacity[used]).any()):
+            or (net.capacity[pi[used]] != net.capacity[used]).any() or (net.fan_in[pi[used]] != net.fan_in[used]).any()):
         return None
-    label, jump = np.arange(n_channels + 1), pi
+    label, jump = np.arange(padding + 1), pi
     for _ in range(n.bit_length()):                        # pointer jumping: each orbit's least channel
         label, jump = np.minimum(label, label[jump]), jump[jump]
-    weight = (n // np.bincount(label, minlength=n_channels + 1)[label]).astype(float)
+    weight = (n // np.bincount(label, minlength=padding + 1)[label]).astype(float)
 
     def q(x):                                             # schedule node -> system node
         return np.where(x < n, 0, x - n + 1)
+
+    def helpers_after_worker0(x):
+        return np.append(x[0], x[n:])
     which = np.searchsorted(pairs, rep["src"].astype(np.int64) * nodes + rep["dst"])
     kept = (c["node"] == 0) | (c["node"] >= n)
     node_weight = np.array([1.0] + [float(n)] * len(schedule.helpers))
     steps = _steps(q(rep["src"]), q(rep["dst"]), rep["round"], max(schedule.rounds, 1), q(c["node"][kept]),
                    c["round"][kept], c["madds"][kept], np.where(rep["op"] != COPY, rep["count"], 0), node_weight,
-                   np.append(add_rate[0], add_rate[n:]), np.append(madd_rate[0], madd_rate[n:]))
+                   *(helpers_after_worker0(x) for x in (net.add_rate, net.madd_rate, net.overhead)))
     # the system's channels: one per orbit crossed (few), then the padding
-    crossed, flow_paths = np.unique(label[paths[0][which]], return_inverse=True)
-    crossed, flow_paths = crossed[:-1] if crossed[-1] == n_channels else crossed, flow_paths.reshape(len(rep), -1)
-    channel_of = np.full(n_channels + 1, len(crossed))
-    channel_of[np.isin(label, crossed)] = np.searchsorted(crossed, label[np.isin(label, crossed)])
-    return _System(flow_paths, np.append(capacity[crossed], np.inf), latency[0][which],
+    crossed = np.unique(label[paths[0][which]])
+    crossed = crossed[:-1] if crossed[-1] == padding else crossed
+    channel_of = np.full(padding + 1, len(crossed))
+    inside = np.isin(label, crossed)
+    channel_of[inside] = np.searchsorted(crossed, label[inside])
+    return _System(channel_of[paths[0][which]], np.append(net.capacity[crossed], np.inf),
+                   np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[rep["dst"]]], latency[0][which],
                    rep["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
                    *steps, 1 + len(schedule.helpers), rep["round"], q(np.arange(nodes)), channel_of, orbit)
 
 
 def _steps(src, dst, rnd, rounds, comp_node, comp_round, comp_madds, adds, node_weight,
-           add_rate, madd_rate):
+           add_rate, madd_rate, overhead):
     """The (node, round) steps of a system of flows: each flow's sending and receiving step,
-    the steps in order per node, and each step's work (its adds, scaled by ``node_weight``,
-    and its multiply-adds)."""
+    the steps in order per node, and each step's work (its adds and messages, scaled by
+    ``node_weight``, and its multiply-adds)."""
     n_fl = len(src)
     keys = np.concatenate([src.astype(np.int64) * rounds + rnd, dst.astype(np.int64) * rounds + rnd,
                            comp_node.astype(np.int64) * rounds + comp_round])
@@ -337,13 +376,22 @@ def _steps(src, dst, rnd, rounds, comp_node, comp_round, comp_madds, adds, node_
     added = np.bincount(step_dst, weights=adds, minlength=n_steps) * node_weight[step_node]
     madds = np.bincount(key_step[2 * n_fl:], weights=comp_madds, minlength=n_steps)
     work_time = added / add_rate[step_node] + madds / madd_rate[step_node]
+    if overhead.any():                     # per message sent or received, one after another
+        messages = np.bincount(np.concatenate([step_src, step_dst]), minlength=n_steps) * node_weight[step_node]
+        work_time = work_time + messages * overhead[step_node]
     return step_src, step_dst, step_node, work_time
 
 
-def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray) -> np.ndarray:
+def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray, inbound=None,
+                   fan_in=None) -> np.ndarray:
     """Max-min fair rates of flows along ``paths`` (progressive filling), vectorized. A flow
-    stands for ``weight[c]`` flows on channel c (1 unless the system is a symmetric quotient)."""
+    stands for ``weight[c]`` flows on channel c (1 unless the system is a symmetric quotient).
+    With ``fan_in``, a node's copy channel receiving k flows at once (``inbound``) has
+    capacity / (1 + fan_in (k - 1))."""
     rate = np.zeros(len(paths))
+    if fan_in is not None:
+        k = np.bincount(inbound, minlength=len(capacity)) * weight
+        capacity = capacity / (1 + fan_in * np.maximum(k - 1, 0))
     remaining = capacity.copy()
     live = np.ones(len(paths), dtype=bool)
     unbounded = (paths == len(capacity) - 1).all(axis=1)   # no channel at all (same device)
@@ -361,7 +409,8 @@ def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray) 
     return rate
 
 
-def _run(paths, latency, nbytes, capacity, weight, step_src, step_dst, step_node, work_time, nodes):
+def _run(paths, latency, nbytes, capacity, weight, step_src, step_dst, step_node, work_time, nodes,
+         inbound, fan_in):
     """The event loop: per flow its start, send end and delivery; per node when it finished;
     per channel the time it carried a flow. Flows crossing a channel share it max-min fairly."""
     n_fl, n_steps = len(paths), len(step_node)
@@ -428,7 +477,8 @@ def _run(paths, latency, nbytes, capacity, weight, step_src, step_dst, step_node
                 start[starting] = now
                 active = np.concatenate([active, starting])
                 remaining = np.concatenate([remaining, nbytes[starting]])
-        rate = _max_min_rates(paths[active], capacity, weight) if len(active) else np.empty(0)
+        rate = (_max_min_rates(paths[active], capacity, weight, inbound[active], fan_in if fan_in.any() else None)
+                if len(active) else np.empty(0))
     return start, sent, done, node_done, busy
 
 
@@ -471,14 +521,18 @@ def _advance(finished, now, work_time, is_last, step_node, node_done, pending, p
             np.concatenate([pending_at, end[~last]]))
 
 
-def _pair_routes(src, dst, names, topology):
-    """Padded channel paths (P, K) and latencies (P,) between schedule nodes src[i] -> dst[i]."""
-    n_channels = 2 * len(topology.links)
+def _pair_routes(src, dst, net):
+    """Padded channel paths (P, K) and latencies (P,) between schedule nodes src[i] -> dst[i]:
+    the sender's copy channel, the route's channels, the receiver's copy channel."""
+    names, topology = net.names, net.topology
     routes = [topology.route(names[a], names[b]) for a, b in zip(src.tolist(), dst.tolist())]
     hops = max([len(r[0]) for r in routes], default=1) or 1
-    paths = np.full((len(routes), hops), n_channels, dtype=np.int64)
+    paths = np.full((len(routes), hops + 2), net.padding, dtype=np.int64)
     for i, (channels, _) in enumerate(routes):
-        paths[i, :len(channels)] = channels
+        paths[i, 1:1 + len(channels)] = channels
+    paths[:, 0], paths[:, -1] = net.node_channel[src], net.node_channel[dst]
+    if (paths[:, 0] == net.padding).all() and (paths[:, -1] == net.padding).all():
+        paths = paths[:, 1:-1]            # no node costs: the routes alone, as before they existed
     return paths, np.array([r[1] for r in routes], dtype=float).reshape(len(routes))
 
 
