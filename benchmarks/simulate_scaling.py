@@ -1,7 +1,7 @@
 """Simulator scaling: a ring all-reduce of 1 GB on the ethernet preset, 8..4096 workers,
 including writing its timeline.
 
-Usage: python benchmarks/simulate_scaling.py [--workers 256,1024,4096] [--size 1GB]
+Usage: python benchmarks/simulate_scaling.py [--workers 256,1024,4096] [--sizes 1GiB,1GB]
            [--full-up-to 1024] [--json-up-to 256] [--repeats 3] [--out docs/simulator_scaling.json]
 
 Each run is a fresh subprocess, so that its peak memory (ru_maxrss) is its own. Per worker
@@ -71,7 +71,9 @@ def run(workers, size, symmetry, fmt, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="256,1024,4096")
-    parser.add_argument("--size", default="1GB")
+    parser.add_argument("--sizes", default="1GiB,1GB", help="1 GiB splits evenly over 2^k workers (the "
+                        "symmetric shortcut applies); 1 GB does not (chunks differ by an element)")
+    parser.add_argument("--size", default="1GB", help=argparse.SUPPRESS)
     parser.add_argument("--full-up-to", type=int, default=1024)
     parser.add_argument("--json-up-to", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
@@ -83,26 +85,28 @@ def main():
     if args.one:
         print(json.dumps(one(args.one, args.size, not args.no_symmetry, args.format)))
         return
-    print(f"{'workers':>8} {'transfers':>10} {'mode':>9} {'fmt':>4} {'build':>7} {'simulate':>9} {'write':>7} "
+    print(f"{'size':>5} {'workers':>8} {'transfers':>10} {'mode':>9} {'fmt':>4} {'build':>7} {'simulate':>9} {'write':>7} "
           f"{'total':>7} {'cpu':>7} {'peak RSS':>9} {'file':>8} {'load':>5}")
     rows = []
-    for n in map(int, args.workers.split(",")):
+    for size, n in ((z, int(w)) for z in args.sizes.split(",") for w in args.workers.split(",")):
         plans = [(True, "npz")] + ([(False, "npz")] if n <= args.full_up_to else []) \
             + ([(True, "json")] if n <= args.json_up_to else [])
         for symmetry, fmt in plans:
-            r = run(n, args.size, symmetry, fmt, args.repeats if n <= 1024 else 1)
-            r["mode"] = "symmetric" if r["symmetric"] else "full"
+            if not symmetry and not rows[-1]["symmetric"]:
+                continue                                   # the default run was already the full one
+            r = run(n, size, symmetry, fmt, args.repeats if n <= 1024 else 1)
+            r["mode"], r["size"] = "symmetric" if r["symmetric"] else "full", size
             rows.append(r)
-            print(f"{n:>8} {r['transfers']:>10} {r['mode']:>9} {fmt:>4} {r['build_s']:>6.2f}s {r['simulate_s']:>8.2f}s "
+            print(f"{size:>5} {n:>8} {r['transfers']:>10} {r['mode']:>9} {fmt:>4} {r['build_s']:>6.2f}s {r['simulate_s']:>8.2f}s "
                   f"{r['write_s']:>6.2f}s {r['total_s']:>6.2f}s {r['total_cpu_s']:>6.2f}s {r['peak_rss_MB']:>7.0f}MB "
                   f"{r['file_MB']:>6.0f}MB {r['load_average']:>5.1f}", flush=True)
-        same = [r for r in rows if r["workers"] == n and r["format"] == "npz"]
-        if len(same) == 2:
+        same = [r for r in rows if r["workers"] == n and r["size"] == size and r["format"] == "npz"]
+        if len(same) == 2 and same[0]["symmetric"]:
             print(f"{'':>8} symmetric / full: {same[0]['total_s'] / same[1]['total_s']:.3f} of the time; "
                   f"timelines identical: {same[0]['done_digest'] == same[1]['done_digest']}")
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"benchmark": "benchmarks/simulate_scaling.py", "size": args.size, "cpus": os.cpu_count(),
+            json.dump({"benchmark": "benchmarks/simulate_scaling.py", "cpus": os.cpu_count(),
                        "rows": rows}, fh, indent=1)
 
 
