@@ -763,11 +763,26 @@ def calibrate(workers, out, repeats, launches, fmt):
     fit["topology_file"] = str(path)
 
     def render(f):
+        node, check = f["node"], f["ring_check"]
         click.echo(f"calibrated {workers} local workers -> {path}")
-        _print_table(["", "value"], [["latency per round", format_time(f["round_latency_s"])],
-                                     ["bandwidth per direction", f"{f['bandwidth_Bps'] / 1e9:.3g} GB/s"],
-                                     ["adds per second", f"{f['add_rate']:.3g}"],
-                                     ["multiply-adds per second (CERAR codec)", f"{f['madd_rate']:.3g}"]])
+        click.echo("measured: point-to-point over Gloo, k = 1..N-1 senders into one worker and an exchange "
+                   "between two, 4 KB-32 MB; adds; CERAR's codec; ring all-reduce 256 KB-64 MB (a check)")
+        _print_table(["written to the topology", "value", "from"], [
+            ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0"],
+            ["overhead per message", format_time(node["message_overhead_s"]),
+             "fan-in: fixed cost per sender" if workers > 2 else "(needs 3+ workers: 0)"],
+            ["copy rate per node", f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s", "fan-in rates over k"],
+            ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
+            ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
+                                       f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],
+            ["adds per second", f"{f['add_rate']:.3g}", "a local add"],
+            ["multiply-adds per second", f"{f['madd_rate']:.3g}", "CERAR's codec"]])
+        worst_fit = max(v["worst_residual"] for v in node["fan_in_fits"].values())
+        click.echo(f"fit quality: fan-in times within {worst_fit:.0%} of their lines, rates over k within "
+                   f"{node['fan_in_rate_worst_error']:.0%}, exchange within {node['exchange_worst_residual']:.0%}; "
+                   f"the topology's simulated ring is off the measured ring by at most {check['worst_abs_error']:.0%} "
+                   f"({', '.join(f'{e:+.0%}' for e in check['relative_errors'])} at "
+                   f"{', '.join(format_size(int(n)) for n in check['sizes'])})")
         click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
 
     _emit(fmt, fit, render)
