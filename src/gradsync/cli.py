@@ -768,10 +768,12 @@ def calibrate(workers, out, repeats, launches, fmt):
         click.echo("measured: point-to-point over Gloo, k = 1..N-1 senders into one worker and an exchange "
                    "between two, 4 KB-32 MB; adds; CERAR's codec; ring all-reduce 256 KB-64 MB (a check)")
         _print_table(["written to the topology", "value", "from"], [
-            ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0"],
+            ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0" if workers > 2
+             else "one-way: fixed cost"],
             ["overhead per message", format_time(node["message_overhead_s"]),
-             "fan-in: fixed cost per sender" if workers > 2 else "(needs 3+ workers: 0)"],
-            ["copy rate per node", f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s", "fan-in rates over k"],
+             f"ring's per-round cost less latency, / 2 (bare transport: {format_time(node['transport_message_overhead_s'])})"],
+            ["copy rate per node", f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
+             f"ring's per-byte cost (bare transport: {node['transport_copy_rate_Bps'] / 1e9:.3g} GB/s)"],
             ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
             ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
                                        f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],

@@ -17,9 +17,11 @@ Two models are measured in the same launches:
   256 KB-64 MB fitted to T = A + B n, giving a per-round latency alpha = A / 2(N-1) and,
   less the adds, a bandwidth.
 
-The output says what was measured, each fit's worst relative residual, and how far the
-written topology's simulated ring is from the measured ring times (a check on data the node
-costs were not fitted to).
+The topology gets the node costs as the runtime pays them (``runtime_node``): the ring's
+per-round and per-byte costs set the per-message overhead and the copy rate, the raw
+transport the latency, duplex and incast factor. The output says what was measured, each
+fit's worst relative residual, and how far the written topology's simulated ring is from the
+measured ring times (not independent: the ring set two of the terms).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def calibrate(workers: int, repeats: int = 10, launches: int = 3) -> dict:
                  statistics.median(r["madd_rate"] for r in runs))
     fan = {key: statistics.median(r["fan_in_s"][key] for r in runs) for key in runs[0]["fan_in_s"]}
     swap = {key: statistics.median(r["exchange_s"][key] for r in runs) for key in runs[0]["exchange_s"]}
-    result["node"] = fit_node(workers, fan, swap)
+    result["node"] = runtime_node(result, fit_node(workers, fan, swap))
     result["ring_check"] = ring_check(result)
     result["launches"] = runs
     return result
@@ -205,6 +207,29 @@ def fit_node(workers: int, fan: dict, swap: dict) -> dict:
             "fan_in_rate_worst_error": max(abs(predicted[k] / per_k[k]["rate_Bps"] - 1) for k in ks),
             "exchange_worst_residual": worst2,
             "measured": {"fan_in_s": fan, "exchange_s": swap}}
+
+
+def runtime_node(ring: dict, raw: dict) -> dict:
+    """The node costs as the runtime pays them. Raw point-to-point (``fit_node``) gives the
+    latency, the duplex and the incast factor (a ratio); but gradsync's runtime costs more per
+    message and per byte than bare Gloo (plans, scratch, copies), which the ring measures.
+    So: per-message overhead o = (alpha - latency) / 2, alpha the ring's per-round cost (a
+    round is one send and one receive per node); and the copy rate C the ring's per-byte
+    cost implies: a node moves 2 n/N per round, so C = 2 x the ring fit's bandwidth where the
+    node is half duplex (the ring's link bandwidth where full). The raw figures are kept,
+    prefixed ``transport_``.
+
+    >>> out = runtime_node({"round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9},
+    ...                    {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half"})
+    >>> round(out["message_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["transport_copy_rate_Bps"] / 1e9
+    (100, 1.0, 2.0)
+    """
+    out = dict(raw)
+    out["transport_message_overhead_s"], out["transport_copy_rate_Bps"] = raw["message_overhead_s"], raw["copy_rate_Bps"]
+    out["message_overhead_s"] = max((ring["round_latency_s"] - raw["latency_s"]) / 2, 0.0)
+    bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
+    out["copy_rate_Bps"] = (2 if raw["duplex"] == "half" else 1) * bandwidth
+    return out
 
 
 def ring_check(result: dict) -> dict:
@@ -263,7 +288,7 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
             costs.update(copy_rate=node["copy_rate_Bps"], fan_in=node["fan_in"])
             bandwidth = 1e12
         else:
-            bandwidth = node["one_way_Bps"]
+            bandwidth = node["copy_rate_Bps"]
         rates.update(costs)
         latency = node["latency_s"] / 2
         what = (f"{node['latency_s'] * 1e6:.0f} us latency, {node['message_overhead_s'] * 1e6:.0f} us per message, "
