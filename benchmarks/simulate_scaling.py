@@ -100,14 +100,14 @@ def main():
             print(f"{size:>5} {n:>8} {r['transfers']:>10} {r['mode']:>9} {fmt:>4} {r['build_s']:>6.2f}s {r['simulate_s']:>8.2f}s "
                   f"{r['write_s']:>6.2f}s {r['total_s']:>6.2f}s {r['total_cpu_s']:>6.2f}s {r['peak_rss_MB']:>7.0f}MB "
                   f"{r['file_MB']:>6.0f}MB {r['load_average']:>5.1f}", flush=True)
+            if args.out:                        # after every row: a stopped run keeps what it measured
+                with open(args.out, "w") as fh:
+                    json.dump({"benchmark": "benchmarks/simulate_scaling.py", "cpus": os.cpu_count(),
+                               "rows": rows}, fh, indent=1)
         same = [r for r in rows if r["workers"] == n and r["size"] == size and r["format"] == "npz"]
         if len(same) == 2 and same[0]["symmetric"]:
             print(f"{'':>8} symmetric / full: {same[0]['total_s'] / same[1]['total_s']:.3f} of the time; "
                   f"timelines identical: {same[0]['done_digest'] == same[1]['done_digest']}")
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"benchmark": "benchmarks/simulate_scaling.py", "cpus": os.cpu_count(),
-                       "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

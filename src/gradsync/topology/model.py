@@ -192,6 +192,12 @@ class Topology:
     def madd_rate(self, name: str) -> float | None:
         return self.nodes[self.index[name]].madd_rate
 
+    @cached_property
+    def has_node_costs(self) -> bool:
+        """Whether any node sets a copy rate, a per-message overhead or an incast factor: terms
+        only the simulator models (the closed forms do not)."""
+        return any(n.copy_rate or n.message_overhead or n.fan_in for n in self.nodes)
+
     def node(self, name: str) -> Node:
         """The node called ``name``."""
         return self.nodes[self.index[name]]
