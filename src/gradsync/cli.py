@@ -772,8 +772,12 @@ def calibrate(workers, out, repeats, launches, fmt):
              else "one-way: fixed cost"],
             ["overhead per message", format_time(node["message_overhead_s"]),
              f"ring's per-round cost less latency, / 2 (bare transport: {format_time(node['transport_message_overhead_s'])})"],
-            ["copy rate per node", f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
+            ["copy rate per node", "(the machine's, below)" if node["machine_limited"] else
+             f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
              f"ring's per-byte cost (bare transport: {node['transport_copy_rate_Bps'] / 1e9:.3g} GB/s)"],
+            ["copy rate of the machine", f"{node['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if node["machine_limited"]
+             else "(not the limit)", "fan-in, exchange and one-way move the same total: one shared limit"
+             if node["machine_limited"] else "fan-in, exchange and one-way totals differ"],
             ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
             ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
                                        f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],

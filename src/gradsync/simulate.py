@@ -240,6 +240,7 @@ class _Net:
     capacity: np.ndarray          # per channel, padding last (infinite)
     fan_in: np.ndarray            # per channel (0: none)
     node_channel: np.ndarray      # per schedule node: its copy channel, or the padding
+    copy_channel: np.ndarray      # per topology node: the same (a switch with a copy rate: forwarding costs it)
     add_rate: np.ndarray          # per schedule node
     madd_rate: np.ndarray
     overhead: np.ndarray          # seconds per message
@@ -252,14 +253,14 @@ class _Net:
     def of(cls, topology: Topology, placement: np.ndarray) -> "_Net":
         names = [topology.nodes[p].name for p in placement]
         nodes = [topology.nodes[p] for p in placement]
-        copying = sorted({int(p) for p, n in zip(placement, nodes) if n.copy_rate})
+        copying = [p for p, n in enumerate(topology.nodes) if n.copy_rate]
         n_links = 2 * len(topology.links)
         padding = n_links + len(copying)
-        where = {p: n_links + i for i, p in enumerate(copying)}
+        copy_channel = np.full(len(topology.nodes), padding, dtype=np.int64)
+        copy_channel[copying] = n_links + np.arange(len(copying))
         capacity = np.concatenate([topology.channel_capacity, [topology.nodes[p].copy_rate for p in copying], [np.inf]])
         fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
-        return cls(topology, names, capacity.astype(float), fan_in,
-                   np.array([where.get(int(p), padding) for p in placement], dtype=np.int64),
+        return cls(topology, names, capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
                    np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
                    np.array([n.message_overhead or 0.0 for n in nodes]))
 
@@ -523,17 +524,24 @@ def _advance(finished, now, work_time, is_last, step_node, node_done, pending, p
 
 def _pair_routes(src, dst, net):
     """Padded channel paths (P, K) and latencies (P,) between schedule nodes src[i] -> dst[i]:
-    the sender's copy channel, the route's channels, the receiver's copy channel."""
-    names, topology = net.names, net.topology
-    routes = [topology.route(names[a], names[b]) for a, b in zip(src.tolist(), dst.tolist())]
+    the sender's copy channel, the route's channels, the receiver's copy channel, then the
+    copy channels of the nodes the route passes through (a switch standing for a machine's
+    memory, which every transfer between its processes crosses)."""
+    names, topology, padding = net.names, net.topology, net.padding
+    routes, through = [], []
+    for a, b in zip(src.tolist(), dst.tolist()):
+        routes.append(topology.route(names[a], names[b]))
+        through.append([c for c in net.copy_channel[topology.route_nodes(names[a], names[b])[1:-1]] if c != padding])
     hops = max([len(r[0]) for r in routes], default=1) or 1
-    paths = np.full((len(routes), hops + 2), net.padding, dtype=np.int64)
-    for i, (channels, _) in enumerate(routes):
+    extra = max([len(t) for t in through], default=0)
+    paths = np.full((len(routes), hops + 2 + extra), padding, dtype=np.int64)
+    for i, ((channels, _), via) in enumerate(zip(routes, through)):
         paths[i, 1:1 + len(channels)] = channels
-    paths[:, 0], paths[:, -1] = net.node_channel[src], net.node_channel[dst]
-    if (paths[:, 0] == net.padding).all() and (paths[:, -1] == net.padding).all():
-        paths = paths[:, 1:-1]            # no node costs: the routes alone, as before they existed
-    return paths, np.array([r[1] for r in routes], dtype=float).reshape(len(routes))
+        paths[i, hops + 2:hops + 2 + len(via)] = via
+    paths[:, 0], paths[:, hops + 1] = net.node_channel[src], net.node_channel[dst]
+    keep = (paths != padding).any(axis=0)
+    keep[1:1 + hops] = True               # no node costs: the routes alone, as before they existed
+    return paths[:, keep], np.array([r[1] for r in routes], dtype=float).reshape(len(routes))
 
 
 def _cyclic(schedule: Schedule):

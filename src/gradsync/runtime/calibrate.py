@@ -82,6 +82,7 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
 
 
 P2P_BYTES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
+MACHINE_SPREAD = 1.25        # totals within this factor of each other: one shared machine-wide rate
 HALF_DUPLEX_BELOW = 0.75      # exchange rate per direction, as a fraction of one-way, below which sends and receives share
 
 
@@ -216,19 +217,30 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     So: per-message overhead o = (alpha - latency) / 2, alpha the ring's per-round cost (a
     round is one send and one receive per node); and the copy rate C the ring's per-byte
     cost implies: a node moves 2 n/N per round, so C = 2 x the ring fit's bandwidth where the
-    node is half duplex (the ring's link bandwidth where full). The raw figures are kept,
-    prefixed ``transport_``.
+    node is half duplex (the ring's link bandwidth where full). Where fan-in, exchange and
+    one-way transfers all move about the same total (``MACHINE_SPREAD``), the machine is the
+    limit: ``machine_limited``, with a machine-wide copy rate of N x the ring's bandwidth (a
+    ring round moves n bytes in all). The raw figures are kept, prefixed ``transport_``.
 
-    >>> out = runtime_node({"round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9},
-    ...                    {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half"})
+    >>> raw = {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half",
+    ...        "fan_in_fits": {"1": {"rate_Bps": 2e9}, "2": {"rate_Bps": 2.1e9}}, "exchange_Bps_per_direction": 1e9}
+    >>> out = runtime_node({"workers": 3, "round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9}, raw)
     >>> round(out["message_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["transport_copy_rate_Bps"] / 1e9
     (100, 1.0, 2.0)
+    >>> out["machine_limited"], out["machine_copy_rate_Bps"] / 1e9
+    (True, 1.5)
     """
     out = dict(raw)
     out["transport_message_overhead_s"], out["transport_copy_rate_Bps"] = raw["message_overhead_s"], raw["copy_rate_Bps"]
     out["message_overhead_s"] = max((ring["round_latency_s"] - raw["latency_s"]) / 2, 0.0)
     bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
     out["copy_rate_Bps"] = (2 if raw["duplex"] == "half" else 1) * bandwidth
+    # One machine's processes: if every pattern moves about the same total (k senders into
+    # one, an exchange, one way), the limit is the machine's memory and cores, which every
+    # transfer crosses, not any one node. A ring round moves n bytes in all: C = N x bandwidth.
+    totals = [v["rate_Bps"] for v in raw["fan_in_fits"].values()] + [2 * raw["exchange_Bps_per_direction"]]
+    out["machine_limited"] = max(totals) <= MACHINE_SPREAD * min(totals)
+    out["machine_copy_rate_Bps"] = ring["workers"] * bandwidth
     return out
 
 
@@ -274,7 +286,9 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
     and incast factor; its copy channel carries what it sends and receives, so where the
     exchange showed sending and receiving to share (half duplex) the links are left wide and
     the nodes limit; where it showed them independent (full duplex) the one-way rate goes on
-    full-duplex links instead and the nodes get no copy channel. Without: the ring fit."""
+    full-duplex links instead and the nodes get no copy channel. Where the machine is the
+    limit (``machine_limited``), the switch, which every transfer crosses, gets the copy rate
+    instead of the nodes. Without node costs: the ring fit."""
     n = fit["workers"]
     rates = {"reduce_rate": fit["add_rate"], "madd_rate": fit["madd_rate"]}
     node = fit.get("node")
@@ -284,7 +298,9 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
                                                       f"{bandwidth / 1e9:.2f} GB/s per direction")
     else:
         costs = {"message_overhead": node["message_overhead_s"]}
-        if node["duplex"] == "half":
+        if node.get("machine_limited"):
+            bandwidth = 1e12
+        elif node["duplex"] == "half":
             costs.update(copy_rate=node["copy_rate_Bps"], fan_in=node["fan_in"])
             bandwidth = 1e12
         else:
@@ -292,10 +308,15 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
         rates.update(costs)
         latency = node["latency_s"] / 2
         what = (f"{node['latency_s'] * 1e6:.0f} us latency, {node['message_overhead_s'] * 1e6:.0f} us per message, "
-                f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
-                f"incast factor {node['fan_in']:.2f}")
+                + (f"{node['machine_copy_rate_Bps'] / 1e9:.2f} GB/s for the machine, shared by every transfer"
+                   if node.get("machine_limited") else
+                   f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
+                   f"incast factor {node['fan_in']:.2f}"))
     nodes = [{"name": f"worker{i}", "kind": "host", **rates} for i in range(n)]
-    nodes += [{"name": "ps", "kind": "cpu", **rates}, {"name": "switch", "kind": "switch"}]
+    switch = {"name": "switch", "kind": "switch"}
+    if node is not None and node.get("machine_limited"):
+        switch["copy_rate"] = node["machine_copy_rate_Bps"]   # every transfer between the processes crosses it
+    nodes += [{"name": "ps", "kind": "cpu", **rates}, switch]
     links = [{"a": node_["name"], "b": "switch", "bandwidth": bandwidth, "latency": latency} for node_ in nodes[:-1]]
     return {"name": name, "description": f"{n} local workers, calibrated by gradsync calibrate: {what}",
             "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(n)], "host": "ps"}
