@@ -249,3 +249,18 @@ def test_symmetric_shortcut_holds_with_node_costs(algorithm):
     assert fast.orbit is not None
     assert np.array_equal(fast.done, full.done) and np.array_equal(fast.node_done, full.node_done)
     assert np.array_equal(fast.channel_busy, full.channel_busy)
+
+
+def test_a_switch_copy_rate_is_shared_by_every_transfer_crossing_it():
+    # one machine's processes: two disjoint one-way transfers through a switch that copies at
+    # 1 GB/s get half each; alone, one gets all of it
+    nodes = [Node(f"w{i}", "host") for i in range(4)] + [Node("sw", "switch", copy_rate=1e9)]
+    topo = Topology("machine", tuple(nodes), tuple(Link(f"w{i}", "sw", 1e12) for i in range(4)),
+                    tuple(f"w{i}" for i in range(4)))
+    two = handmade(4, [(0, 0, 1, 0, MB, REDUCE), (0, 2, 3, 0, MB, REDUCE)])
+    assert simulate(two, topo, itemsize=1).time == pytest.approx(2e-3)
+    assert simulate(handmade(2, [(0, 0, 1, 0, MB, REDUCE)]), topo.with_workers(2), itemsize=1).time == pytest.approx(1e-3)
+    s = schedule("ring", 4, 4000)               # and the symmetric shortcut keeps it exact
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None and np.array_equal(fast.done, full.done)
+    assert fast.time == pytest.approx(6 * 4000 * 4 / 1e9, rel=1e-6)   # each round moves the 16 KB through it
