@@ -57,6 +57,17 @@ def test_simulate_writes_a_timeline(tmp_path):
     assert data["workers"] == 6 and len(data["timeline"]["done"]) == 2 * 5 * 6
 
 
+def test_simulate_writes_a_columnar_timeline(tmp_path):
+    from gradsync.simulate import load_timeline
+    out = tmp_path / "run.npz"
+    run = gradsync("simulate", "--algorithm", "ring", "--topology", "ethernet", "--workers", "6",
+                   "--size", "1MB", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    data = load_timeline(out)
+    assert data["workers"] == 6 and len(data["timeline"]["done"]) == 2 * 5 * 6
+    assert data["timeline"]["done"].max() == pytest.approx(data["time_s"], rel=1e-9)
+
+
 def test_simulate_takes_algorithm_options():
     run = gradsync("simulate", "-a", "tree", "-t", "ethernet", "-n", "4", "-s", "1MB", "-o", "segments=3",
                    "--format", "json")

@@ -143,3 +143,124 @@ def test_worker_count_beyond_the_topology_is_refused():
     from gradsync import ConfigError
     with pytest.raises(ConfigError, match="has 4 worker devices"):
         simulate(schedule("ring", 5, 10), preset("pcie-switch-4"))
+
+
+SYMMETRIC = [("ring", "ethernet", 7, 7 * 1000), ("sharded", "ethernet", 5, 5 * 64), ("host", "ethernet", 4, 999),
+             ("cerar", "ethernet", 4, 4 * 96), ("ring", "ring", 6, 6 * 50), ("sharded", "pcie-switch-4", 4, 400)]
+
+
+@pytest.mark.parametrize("algorithm,topology,workers,elements", SYMMETRIC)
+def test_symmetric_shortcut_gives_the_full_simulation_bit_for_bit(algorithm, topology, workers, elements):
+    topo = preset(topology, workers=workers)
+    s = schedule(algorithm, workers, elements, **default_options(algorithm, topo, workers))
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None and full.orbit is None       # the shortcut was taken, and only where asked
+    assert len(fast.flow_times[0]) * workers == len(s.transfers)
+    for name in ("start", "sent", "done", "node_done", "channel_bytes", "channel_busy", "round_end"):
+        assert np.array_equal(getattr(fast, name), getattr(full, name)), name
+    assert fast.time == full.time
+
+
+@pytest.mark.parametrize("algorithm,topology,workers,elements", [
+    ("ring", "ethernet", 6, 6 * 100 + 1),            # unequal chunks
+    ("ring", "lowbw-cluster", 8, 800),               # workers on unequal routes
+    ("central", "ethernet", 5, 500), ("tree", "ethernet", 6, 600)])
+def test_asymmetric_runs_are_simulated_in_full(algorithm, topology, workers, elements):
+    topo = preset(topology, workers=workers)
+    assert simulate(schedule(algorithm, workers, elements), topo).orbit is None
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_timeline_npz_round_trips(tmp_path, symmetric):
+    from gradsync.simulate import load_timeline
+    topo = preset("ethernet", workers=6)
+    result = simulate(schedule("ring", 6, 600 if symmetric else 601), topo)
+    assert (result.orbit is not None) == symmetric
+    result.save(tmp_path / "t.npz")
+    result.save(tmp_path / "t.json")
+    for name in ("t.npz", "t.json"):
+        data = load_timeline(tmp_path / name)
+        assert data["time_s"] == result.time and data["workers"] == 6
+        for column in ("start", "sent", "done"):
+            assert np.array_equal(data["timeline"][column], getattr(result, column))
+        for column in ("src", "dst", "count", "op", "round", "offset"):
+            assert np.array_equal(data["timeline"][column], result.schedule.transfers[column])
+
+
+def test_timeline_refuses_other_formats(tmp_path):
+    from gradsync import ConfigError
+    from gradsync.simulate import load_timeline
+    result = simulate(schedule("ring", 3, 30), preset("ethernet", workers=3))
+    with pytest.raises(ConfigError, match="npz or .json"):
+        result.save(tmp_path / "t.csv")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="cannot read timeline"):
+        load_timeline(tmp_path / "bad.npz")
+
+
+def star_with(costs, workers=3, bandwidth=1e9):
+    """A star whose worker nodes carry ``costs`` (copy_rate, message_overhead, fan_in)."""
+    nodes = [Node(f"w{i}", "host", **costs) for i in range(workers)] + [Node("sw", "switch")]
+    links = [Link(f"w{i}", "sw", bandwidth) for i in range(workers)]
+    return Topology("star", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(workers)))
+
+
+def test_message_overhead_is_charged_per_message_at_both_ends():
+    plain = simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), star_with({}, 2), itemsize=1)
+    costly = simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), star_with({"message_overhead": 1e-3}, 2), itemsize=1)
+    assert costly.node_done.tolist() == pytest.approx([plain.time + 1e-3] * 2, rel=1e-12)
+    # three messages into w0 in one round: w0 pays three overheads, each sender one
+    fan = handmade(4, [(0, 1, 0, 0, 10, REDUCE), (0, 2, 0, 0, 10, REDUCE), (0, 3, 0, 0, 10, REDUCE)])
+    r = simulate(fan, star_with({"message_overhead": 1e-3}, 4, bandwidth=1e12), itemsize=1)
+    assert r.node_done[0] - r.done.max() == pytest.approx(3e-3, rel=1e-9)
+    assert r.node_done[1] - r.done[0] == pytest.approx(1e-3, rel=1e-9)
+
+
+def test_copy_rate_is_shared_by_everything_a_node_sends_and_receives():
+    # links far faster than the nodes: the receiver's copy rate bounds the fan-in of 3 x 1 MB
+    fan = handmade(4, [(0, 1, 0, 0, MB, REDUCE), (0, 2, 0, 0, MB, REDUCE), (0, 3, 0, 0, MB, REDUCE)])
+    r = simulate(fan, star_with({"copy_rate": 1e9}, 4, bandwidth=1e12), itemsize=1)
+    assert r.time == pytest.approx(3 * MB / 1e9, rel=1e-9)
+    # an exchange: each node sends and receives 1 MB through one copy channel, half its rate each way
+    swap = handmade(2, [(0, 0, 1, 0, MB, REDUCE), (0, 1, 0, 0, MB, REDUCE)])
+    assert simulate(swap, star_with({"copy_rate": 1e9}, 2, bandwidth=1e12), itemsize=1).time == pytest.approx(2e-3)
+    # one way, the whole rate
+    one = handmade(2, [(0, 0, 1, 0, MB, REDUCE)])
+    assert simulate(one, star_with({"copy_rate": 1e9}, 2, bandwidth=1e12), itemsize=1).time == pytest.approx(1e-3)
+
+
+def test_fan_in_slows_a_receiver_per_extra_concurrent_sender():
+    fan = handmade(4, [(0, 1, 0, 0, MB, REDUCE), (0, 2, 0, 0, MB, REDUCE), (0, 3, 0, 0, MB, REDUCE)])
+    r = simulate(fan, star_with({"copy_rate": 1e9, "fan_in": 0.25}, 4, bandwidth=1e12), itemsize=1)
+    assert r.time == pytest.approx(3 * MB / (1e9 / (1 + 0.25 * 2)), rel=1e-9)
+    one = handmade(2, [(0, 0, 1, 0, MB, REDUCE)])       # a single sender pays no incast
+    assert simulate(one, star_with({"copy_rate": 1e9, "fan_in": 0.25}, 2, bandwidth=1e12),
+                    itemsize=1).time == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "sharded", "host"])
+def test_symmetric_shortcut_holds_with_node_costs(algorithm):
+    nodes = [Node(f"w{i}", "host", 2e9, None, 3e9, 20e-6, 0.1) for i in range(5)]
+    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1), Node("sw", "switch")]
+    links = [Link(n.name, "sw", 5e9, 1e-6, "half") for n in nodes[:-1]]
+    topo = Topology("costly", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(5)), host="ps")
+    s = schedule(algorithm, 5, 5 * 4000)
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None
+    assert np.array_equal(fast.done, full.done) and np.array_equal(fast.node_done, full.node_done)
+    assert np.array_equal(fast.channel_busy, full.channel_busy)
+
+
+def test_a_switch_copy_rate_is_shared_by_every_transfer_crossing_it():
+    # one machine's processes: two disjoint one-way transfers through a switch that copies at
+    # 1 GB/s get half each; alone, one gets all of it
+    nodes = [Node(f"w{i}", "host") for i in range(4)] + [Node("sw", "switch", copy_rate=1e9)]
+    topo = Topology("machine", tuple(nodes), tuple(Link(f"w{i}", "sw", 1e12) for i in range(4)),
+                    tuple(f"w{i}" for i in range(4)))
+    two = handmade(4, [(0, 0, 1, 0, MB, REDUCE), (0, 2, 3, 0, MB, REDUCE)])
+    assert simulate(two, topo, itemsize=1).time == pytest.approx(2e-3)
+    assert simulate(handmade(2, [(0, 0, 1, 0, MB, REDUCE)]), topo.with_workers(2), itemsize=1).time == pytest.approx(1e-3)
+    s = schedule("ring", 4, 4000)               # and the symmetric shortcut keeps it exact
+    fast, full = simulate(s, topo), simulate(s, topo, symmetry=False)
+    assert fast.orbit is not None and np.array_equal(fast.done, full.done)
+    assert fast.time == pytest.approx(6 * 4000 * 4 / 1e9, rel=1e-6)   # each round moves the 16 KB through it

@@ -112,3 +112,17 @@ def test_fuzzed_topologies_load_or_raise_topology_error(data):
         from_dict(data)
     except TopologyError as exc:
         assert "\n" not in str(exc)
+
+
+def test_node_costs_load_from_a_file_with_units_and_bad_values_are_named():
+    from gradsync.topology import from_dict
+    base = {"links": [{"a": "a", "b": "b", "bandwidth": "10GB/s"}], "workers": ["a", "b"]}
+    t = from_dict({**base, "nodes": [{"name": "a", "kind": "host", "copy_rate": "2GB/s", "message_overhead": "20us",
+                                      "fan_in": 0.5}, {"name": "b", "kind": "host"}]})
+    a, b = t.nodes
+    assert (a.copy_rate, a.fan_in) == (2e9, 0.5) and a.message_overhead == pytest.approx(20e-6)
+    assert (b.copy_rate, b.message_overhead, b.fan_in) == (None, None, None)
+    with pytest.raises(TopologyError, match="nodes.0.fan_in"):
+        from_dict({**base, "nodes": [{"name": "a", "kind": "host", "fan_in": -1}, {"name": "b", "kind": "host"}]})
+    with pytest.raises(TopologyError, match="nodes.0.copy_rate"):
+        from_dict({**base, "nodes": [{"name": "a", "kind": "host", "copy_rate": "fast"}, {"name": "b", "kind": "host"}]})

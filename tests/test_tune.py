@@ -78,3 +78,18 @@ def test_an_error_budget_lets_cerar_win_on_slow_links():
 def test_an_impossible_error_budget_leaves_the_exact_algorithms():
     from gradsync.tune import default_candidates
     assert all(c.algorithm != "cerar" for c in default_candidates(8, max_error=1e-9))
+
+
+def test_auto_simulates_when_the_topology_has_node_costs():
+    # a calibrated-like switch: fast links, nodes limited by their copy rate, incast, overheads.
+    # The closed forms see only the links and pick sharded; the simulator sees the nodes.
+    from gradsync.topology import Link, Node, Topology
+    from gradsync.tune import choose
+    nodes = [Node(f"w{i}", "host", 2e9, None, 1e9, 50e-6, 0.5) for i in range(8)]
+    nodes += [Node("ps", "cpu", 2e9, None, 1e9, 50e-6, 0.5), Node("sw", "switch")]
+    topo = Topology("costly", tuple(nodes), tuple(Link(n.name, "sw", 1e12, 5e-6) for n in nodes[:-1]),
+                    tuple(f"w{i}" for i in range(8)), host="ps")
+    for nbytes in (10**4, 10**6):
+        simulated = choose(topo, nbytes)
+        assert choose(topo, nbytes, quick=True) == simulated
+        assert simulated.label != "sharded"

@@ -315,12 +315,13 @@ def compare(topology, size, workers, dtype, names, components, codecs, fmt):
 @click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE",
               help="Algorithm option, e.g. -o segments=16 (repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the result with its timeline of transfers as JSON.")
+              help="Write the result with its timeline of transfers: .npz (numpy columns, compact and fast "
+                   "for millions of transfers) or JSON (any other name).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write a Chrome trace (ui.perfetto.dev): a track per worker, a utilisation counter per busy link.")
 @format_option
 def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, fmt):
-    """Simulate one all-reduce on a topology; optionally write its timeline as JSON or a trace."""
+    """Simulate one all-reduce on a topology; optionally write its timeline (.npz or JSON) or a trace."""
     if out:
         _writable(out, "--out")
     if trace_path:
@@ -342,8 +343,11 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
     if out:
         try:
-            with open(out, "w") as fh:
-                json.dump(result.to_dict(timeline=True), fh)
+            if out.endswith(".npz"):
+                result.save(out)
+            else:
+                with open(out, "w") as fh:
+                    json.dump(result.to_dict(timeline=True), fh)
         except OSError as exc:
             raise click.BadParameter(f"cannot write {out!r}: {exc.strerror}", param_hint="'--out'")
     if trace_path:
@@ -786,13 +790,37 @@ def calibrate(workers, out, repeats, launches, fmt):
             _print_table(["", "inside a machine", "between machines"],
                          [[a[0], a[1], b[1]] for a, b in zip(rows(f["inside"]), rows(f["across"]))])
             f, n = f["inside"], f["machines"] * f["local_size"]
-        else:
-            n = f["workers"]
-            click.echo(f"calibrated {n} workers -> {path}")
-            _print_table(["", "value"], rows(f))
-        _print_table(["", "value"], [["adds per second", f"{f['add_rate']:.3g}"],
-                                     ["multiply-adds per second (CERAR codec)", f"{f['madd_rate']:.3g}"]])
-        click.echo(f"use it: gradsync bench --workers {n} --topology {path}")
+            _print_table(["", "value"], [["adds per second", f"{f['add_rate']:.3g}"],
+                                         ["multiply-adds per second (CERAR codec)", f"{f['madd_rate']:.3g}"]])
+            click.echo(f"use it: gradsync bench --workers {n} --topology {path}")
+            return
+        node, check, workers = f["node"], f["ring_check"], f["workers"]
+        click.echo(f"calibrated {workers} workers -> {path}")
+        click.echo("measured: point-to-point over Gloo, k = 1..N-1 senders into one worker and an exchange "
+                   "between two, 4 KB-32 MB; adds; CERAR's codec; ring all-reduce 256 KB-64 MB (a check)")
+        _print_table(["written to the topology", "value", "from"], [
+            ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0" if workers > 2
+             else "one-way: fixed cost"],
+            ["overhead per message", format_time(node["message_overhead_s"]),
+             f"ring's per-round cost less latency, / 2 (bare transport: {format_time(node['transport_message_overhead_s'])})"],
+            ["copy rate per node", "(the machine's, below)" if node["machine_limited"] else
+             f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
+             f"ring's per-byte cost (bare transport: {node['transport_copy_rate_Bps'] / 1e9:.3g} GB/s)"],
+            ["copy rate of the machine", f"{node['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if node["machine_limited"]
+             else "(not the limit)", "fan-in, exchange and one-way move the same total: one shared limit"
+             if node["machine_limited"] else "fan-in, exchange and one-way totals differ"],
+            ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
+            ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
+                                       f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],
+            ["adds per second", f"{f['add_rate']:.3g}", "a local add"],
+            ["multiply-adds per second", f"{f['madd_rate']:.3g}", "CERAR's codec"]])
+        worst_fit = max(v["worst_residual"] for v in node["fan_in_fits"].values())
+        click.echo(f"fit quality: fan-in times within {worst_fit:.0%} of their lines, rates over k within "
+                   f"{node['fan_in_rate_worst_error']:.0%}, exchange within {node['exchange_worst_residual']:.0%}; "
+                   f"the topology's simulated ring is off the measured ring by at most {check['worst_abs_error']:.0%} "
+                   f"({', '.join(f'{e:+.0%}' for e in check['relative_errors'])} at "
+                   f"{', '.join(format_size(int(n)) for n in check['sizes'])})")
+        click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
 
     _emit(fmt, fit, render)
 

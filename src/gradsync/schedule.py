@@ -47,17 +47,23 @@ def chunk_bounds(elements: int, parts: int, weights=None) -> np.ndarray:
     return np.floor(cum * elements + 1e-9).astype(np.int64)
 
 
-def transfers(round, src, dst, offset, count, op) -> np.ndarray:
-    """Build a transfer table from broadcastable columns, dropping empty transfers.
+def transfers(round, src, dst, offset, count, op, out=None) -> np.ndarray:
+    """Build a transfer table from broadcastable columns, dropping empty transfers; or fill
+    ``out``, a table of the columns' broadcast shape, keeping them (large schedules build one
+    table in parts this way, without concatenating copies).
 
     >>> len(transfers(0, [1, 2], 0, 0, [5, 0], REDUCE))
     1
     """
     cols = np.broadcast_arrays(*(np.asarray(c) for c in (round, src, dst, offset, count, op)))
-    table = np.empty(cols[0].size, TRANSFER_DTYPE)
+    table = np.empty(cols[0].shape, TRANSFER_DTYPE) if out is None else out
     for name, col in zip(TRANSFER_DTYPE.names, cols):
-        table[name] = col.ravel()
-    return table[table["count"] > 0]
+        table[name] = col                 # broadcast in place: no flattened copy of each column
+    if out is not None:
+        return out
+    table = table.reshape(-1)
+    empty = table["count"] <= 0
+    return table[~empty] if empty.any() else table
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -89,8 +95,10 @@ class Schedule:
     codec: dict | None = None  # for CODED transfers: the name and parameters of the codec
 
     def __post_init__(self):
-        order = np.argsort(self.transfers["round"], kind="stable")
-        object.__setattr__(self, "transfers", _frozen(self.transfers[order]))
+        rounds = self.transfers["round"]
+        if len(rounds) > 1 and (rounds[1:] < rounds[:-1]).any():   # most builders emit them in order
+            object.__setattr__(self, "transfers", self.transfers[np.argsort(rounds, kind="stable")])
+        object.__setattr__(self, "transfers", _frozen(self.transfers))
         object.__setattr__(self, "compute", _frozen(self.compute))
         object.__setattr__(self, "helpers", tuple(self.helpers))
 

@@ -93,9 +93,10 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
            candidates=None, max_error: float | None = None, dtype: str = "float32",
            quick: bool = False) -> Candidate:
     """The candidate with the least predicted time ("auto"). ``quick``: on a topology where
-    every pair of workers sees the same route (``cost.uniform``), use the closed forms, which
-    agree with the simulator there, instead of simulating (milliseconds instead of seconds
-    at 64 workers).
+    every pair of workers sees the same route (``cost.uniform``) and no node sets the costs
+    only the simulator models (a calibrated topology's copy rate, per-message overhead,
+    incast), use the closed forms, which agree with the simulator there, instead of
+    simulating (milliseconds instead of seconds at 64 workers).
 
     >>> from gradsync.topology import preset
     >>> choose(preset("pcie-switch-4"), 160_000_000).label in ("sharded", "halving_doubling")
@@ -106,7 +107,7 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
                                        else default_candidates(workers, dtype, max_error))]
     if not pool:
         raise ConfigError("no candidate algorithms to choose from")
-    if quick and uniform(topology, workers):
+    if quick and uniform(topology, workers) and not topology.has_node_costs:
         times = [predict(c.algorithm, topology, workers, nbytes, itemsize, **c.kwargs()) for c in pool]
     else:
         times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]

@@ -27,7 +27,7 @@ its 2 (N - 1) latencies make it lose on small messages at large N."""
 import numpy as np
 
 from ..errors import ConfigError
-from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
+from ..schedule import COPY, REDUCE, TRANSFER_DTYPE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 
 
@@ -55,17 +55,19 @@ def schedule(workers: int, elements: int, rings=None, weights=None) -> Schedule:
     ring_bounds = chunk_bounds(elements, len(rings), weights)
     pos = np.arange(workers)[None, :]
     step = np.arange(workers - 1)[:, None]
-    tables = []
-    for k, order in enumerate(map(np.array, rings)):
+    table = np.empty((len(rings), 2, workers - 1, workers), TRANSFER_DTYPE)   # filled in place: 4096 workers
+    for k, order in enumerate(map(np.array, rings)):                         # make a gigabyte of it
         bounds = ring_bounds[k] + chunk_bounds(ring_bounds[k + 1] - ring_bounds[k], workers)
         src, dst = order[pos], order[(pos + 1) % workers]
+        sizes = np.diff(bounds)
         sent = (pos - step) % workers                     # reduce-scatter chunk
-        tables.append(transfers(step, src, dst, bounds[sent], bounds[sent + 1] - bounds[sent], REDUCE))
+        transfers(step, src, dst, bounds[sent], sizes[sent], REDUCE, out=table[k, 0])
         sent = (pos + 1 - step) % workers                 # all-gather chunk
-        tables.append(transfers(workers - 1 + step, src, dst, bounds[sent],
-                                bounds[sent + 1] - bounds[sent], COPY))
-    return Schedule("ring", workers, elements, np.concatenate(tables),
-                    options={"rings": rings, "weights": weights})
+        transfers(workers - 1 + step, src, dst, bounds[sent], sizes[sent], COPY, out=table[k, 1])
+    table = table.reshape(-1)
+    if (table["count"] <= 0).any():
+        table = table[table["count"] > 0]
+    return Schedule("ring", workers, elements, table, options={"rings": rings, "weights": weights})
 
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, rings=None, weights=None,

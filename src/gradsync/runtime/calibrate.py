@@ -1,12 +1,27 @@
 """Measure the local workers and write a topology the simulator, ``tune`` and "auto" can use.
 
-The model is fitted to the runtime as it behaves, not to raw sockets: ring all-reduce times
-T(n) at sizes from 256 KB to 64 MB (measured as ``gradsync bench`` measures: blocks of
-back-to-back calls, the sizes taking turns) are fitted to T = A + B n by least squares on relative error
-(the error the predictions are judged by), then the ring's closed form gives the per-round
-latency alpha = A / 2(N-1) and, less the adds measured locally, the bandwidth. Gloo's
-per-message costs are thus in alpha. The multiply-add rate is CERAR's codec, timed as the
-runtime runs it.
+Two models are measured in the same launches:
+
+- **node costs** (written to the topology): point-to-point messages over the transport the
+  runtime uses (Gloo), timed as ``gradsync bench`` times (blocks of back-to-back calls, the
+  cases taking turns): k = 1..N-1 workers sending n bytes each to worker 0 at once (fan-in),
+  and two workers exchanging n bytes (both directions at once), at sizes 4 KB-32 MB. Each
+  case is fitted to T = a + k n / R by least squares on relative error. Then: the
+  per-message overhead o is the slope of a over k (a receiver pays o per message) and the
+  latency the rest of a; the node's copy rate C and its incast factor f come from
+  1 / R(k) = (1 + f (k - 1)) / C, a straight line in k; and the exchange says whether a node's
+  sending and receiving share its copy rate (half duplex: each direction gets about R(1) / 2;
+  the exchange then joins the line as a point at k = 1 with rate 2 x its per-direction rate)
+  or not (full duplex). The adds are timed apart (``add_rate``), as is CERAR's codec.
+- **ring fit** (kept for comparison, the earlier calibration): ring all-reduce times T(n) at
+  256 KB-64 MB fitted to T = A + B n, giving a per-round latency alpha = A / 2(N-1) and,
+  less the adds, a bandwidth.
+
+The topology gets the node costs as the runtime pays them (``runtime_node``): the ring's
+per-round and per-byte costs set the per-message overhead and the copy rate, the raw
+transport the latency, duplex and incast factor. The output says what was measured, each
+fit's worst relative residual, and how far the written topology's simulated ring is from the
+measured ring times (not independent: the ring set two of the terms).
 """
 
 from __future__ import annotations
@@ -66,6 +81,39 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
     return float(madds) / _median_time(codec, repeats, barrier=False)
 
 
+P2P_BYTES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
+MACHINE_SPREAD = 1.25        # totals within this factor of each other: one shared machine-wide rate
+HALF_DUPLEX_BELOW = 0.75      # exchange rate per direction, as a fraction of one-way, below which sends and receives share
+
+
+def p2p_times(rank: int, workers: int, repeats: int) -> dict:
+    """This rank's median seconds per call of: k workers (1..k) sending n bytes each to
+    worker 0 at once, for k = 1..N-1 (``("fan", k, n)``), and workers 0 and 1 exchanging n
+    bytes (``("swap", n)``), n in ``P2P_BYTES``. Ranks outside a case return at once."""
+    send = {n: torch.ones(n // 4) for n in P2P_BYTES}
+    recv = {n: [torch.empty(n // 4) for _ in range(workers)] for n in P2P_BYTES}
+    calls = {}
+    for n in P2P_BYTES:
+        for k in range(1, workers):
+            def fan(n=n, k=k):
+                if rank == 0:
+                    for req in [dist.irecv(recv[n][src], src) for src in range(1, k + 1)]:
+                        req.wait()
+                elif rank <= k:
+                    dist.send(send[n], 0)
+            calls[("fan", k, n)] = fan
+
+        def swap(n=n):
+            if rank < 2:
+                peer = 1 - rank
+                got = dist.irecv(recv[n][peer], peer)
+                dist.isend(send[n], peer).wait()
+                got.wait()
+        calls[("swap", n)] = swap
+    samples = time_in_blocks(calls, repeats, dist.barrier)
+    return {key: statistics.median(v) for key, v in samples.items()}
+
+
 def worker(rank: int, workers: int, repeats: int) -> dict | None:
     """One rank's measurements; rank 0 returns them for every rank (times: the slowest
     rank's; rates: the lowest)."""
@@ -77,11 +125,16 @@ def worker(rank: int, workers: int, repeats: int) -> dict | None:
     calls = {k: (lambda buf=buf: all_reduce(buf, check=False)) for k, buf in enumerate(bufs)}
     samples = time_in_blocks(calls, repeats, dist.barrier, before=lambda k: bufs[k].div_(workers))  # stays finite
     times = [statistics.median(samples[k]) for k in range(len(bufs))]
-    stats = torch.tensor(times + [-add_rate, -madd_rate], dtype=torch.float64)
+    p2p = p2p_times(rank, workers, repeats)
+    keys = sorted(p2p, key=str)
+    stats = torch.tensor(times + [p2p[k] for k in keys] + [-add_rate, -madd_rate], dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     if rank:
         return None
-    return {"times": stats[:-2].tolist(), "add_rate": -stats[-2].item(), "madd_rate": -stats[-1].item()}
+    p2p = dict(zip(keys, stats[len(times):-2].tolist()))
+    return {"times": stats[:len(times)].tolist(), "add_rate": -stats[-2].item(), "madd_rate": -stats[-1].item(),
+            "fan_in_s": {f"{k}x{n}": p2p[("fan", k, n)] for k in range(1, workers) for n in P2P_BYTES},
+            "exchange_s": {str(n): p2p[("swap", n)] for n in P2P_BYTES}}
 
 
 def calibrate(workers: int, repeats: int = 10, launches: int = 3) -> dict:
@@ -93,12 +146,120 @@ def calibrate(workers: int, repeats: int = 10, launches: int = 3) -> dict:
     """
     from .launch import run
 
-    runs = [run(worker, workers, repeats)[0] for _ in range(launches)]
+    return fit_launches(workers, [run(worker, workers, repeats)[0] for _ in range(launches)])
+
+
+def fit_launches(workers: int, runs: list[dict]) -> dict:
+    """Fit the medians of several launches' ``worker`` measurements (ring, node costs, check)."""
     times = [statistics.median(r["times"][k] for r in runs) for k in range(len(FIT_BYTES))]
     result = fit(workers, list(FIT_BYTES), times, statistics.median(r["add_rate"] for r in runs),
                  statistics.median(r["madd_rate"] for r in runs))
+    fan = {key: statistics.median(r["fan_in_s"][key] for r in runs) for key in runs[0]["fan_in_s"]}
+    swap = {key: statistics.median(r["exchange_s"][key] for r in runs) for key in runs[0]["exchange_s"]}
+    result["node"] = runtime_node(result, fit_node(workers, fan, swap))
+    result["ring_check"] = ring_check(result)
     result["launches"] = runs
     return result
+
+
+def _line(x, y):
+    """Least squares y = p + q x on relative error: (p, q, worst relative residual)."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    (p, q), *_ = np.linalg.lstsq(np.stack([1 / y, x / y], axis=1), np.ones_like(y), rcond=None)
+    return float(p), float(q), float(np.abs((p + q * x) / y - 1).max())
+
+
+def fit_node(workers: int, fan: dict, swap: dict) -> dict:
+    """Node costs from fan-in times (``"kxn"`` -> seconds) and exchange times (``"n"`` -> seconds).
+
+    >>> o, lat, c, f = 20e-6, 50e-6, 1e9, 0.2      # fan-in of k: lat + k o + k n (1 + f (k - 1)) / c
+    >>> fan = {f"{k}x{n}": lat + k * o + k * n * (1 + f * (k - 1)) / c for k in (1, 2, 3) for n in (10**3, 10**6, 10**7)}
+    >>> out = fit_node(4, fan, {str(n): lat + o + 2 * n / c for n in (10**3, 10**6, 10**7)})
+    >>> round(out["message_overhead_s"] * 1e6), round(out["copy_rate_Bps"] / 1e9, 3), round(out["fan_in"], 3), out["duplex"]
+    (20, 1.0, 0.2, 'half')
+    """
+    import numpy as np
+
+    sizes = sorted(int(n) for n in swap)
+    a2, b2, worst2 = _line(sizes, [swap[str(n)] for n in sizes])
+    exchange_rate = 1 / b2 if b2 > 0 else float("inf")
+    ks = range(1, workers)
+    per_k = {}
+    for k in ks:
+        sizes = sorted(int(key.split("x")[1]) for key in fan if int(key.split("x")[0]) == k)
+        a, b, worst = _line([k * n for n in sizes], [fan[f"{k}x{n}"] for n in sizes])
+        per_k[k] = {"fixed_s": a, "rate_Bps": 1 / b if b > 0 else float("inf"), "worst_residual": worst}
+    if workers > 2:            # fixed cost over k: latency + k messages' overhead at the receiver
+        slope, intercept = np.polyfit(list(ks), [per_k[k]["fixed_s"] for k in ks], 1)
+        overhead, latency = max(float(slope), 0.0), max(float(intercept), 0.0)
+        x, y = [k - 1 for k in ks], [1 / per_k[k]["rate_Bps"] for k in ks]
+        if exchange_rate < HALF_DUPLEX_BELOW * per_k[1]["rate_Bps"]:
+            x, y = x + [0], y + [1 / (2 * exchange_rate)]     # an exchange: one node's C carries 2 flows
+        inv = np.polyfit(x, y, 1)
+        copy_rate, fan_in = 1 / inv[1], max(float(inv[0] / inv[1]), 0.0)     # 1/R = 1/C + (f/C)(k - 1)
+    else:                      # one sender only: overhead and latency not separable, no incast
+        overhead, latency = 0.0, max(per_k[1]["fixed_s"], 0.0)
+        copy_rate, fan_in = per_k[1]["rate_Bps"], 0.0
+    copy_rate = float(copy_rate)
+    predicted = {k: copy_rate / (1 + fan_in * (k - 1)) for k in ks}
+    one_way = per_k[1]["rate_Bps"]
+    duplex = "half" if exchange_rate < HALF_DUPLEX_BELOW * one_way else "full"
+    return {"message_overhead_s": overhead, "latency_s": latency, "copy_rate_Bps": copy_rate, "fan_in": fan_in,
+            "duplex": duplex, "one_way_Bps": one_way, "exchange_Bps_per_direction": exchange_rate,
+            "fan_in_fits": {str(k): v for k, v in per_k.items()},
+            "fan_in_rate_worst_error": max(abs(predicted[k] / per_k[k]["rate_Bps"] - 1) for k in ks),
+            "exchange_worst_residual": worst2,
+            "measured": {"fan_in_s": fan, "exchange_s": swap}}
+
+
+def runtime_node(ring: dict, raw: dict) -> dict:
+    """The node costs as the runtime pays them. Raw point-to-point (``fit_node``) gives the
+    latency, the duplex and the incast factor (a ratio); but gradsync's runtime costs more per
+    message and per byte than bare Gloo (plans, scratch, copies), which the ring measures.
+    So: per-message overhead o = (alpha - latency) / 2, alpha the ring's per-round cost (a
+    round is one send and one receive per node); and the copy rate C the ring's per-byte
+    cost implies: a node moves 2 n/N per round, so C = 2 x the ring fit's bandwidth where the
+    node is half duplex (the ring's link bandwidth where full). Where fan-in, exchange and
+    one-way transfers all move about the same total (``MACHINE_SPREAD``), the machine is the
+    limit: ``machine_limited``, with a machine-wide copy rate of N x the ring's bandwidth (a
+    ring round moves n bytes in all). The raw figures are kept, prefixed ``transport_``.
+
+    >>> raw = {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half",
+    ...        "fan_in_fits": {"1": {"rate_Bps": 2e9}, "2": {"rate_Bps": 2.1e9}}, "exchange_Bps_per_direction": 1e9}
+    >>> out = runtime_node({"workers": 3, "round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9}, raw)
+    >>> round(out["message_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["transport_copy_rate_Bps"] / 1e9
+    (100, 1.0, 2.0)
+    >>> out["machine_limited"], out["machine_copy_rate_Bps"] / 1e9
+    (True, 1.5)
+    """
+    out = dict(raw)
+    out["transport_message_overhead_s"], out["transport_copy_rate_Bps"] = raw["message_overhead_s"], raw["copy_rate_Bps"]
+    out["message_overhead_s"] = max((ring["round_latency_s"] - raw["latency_s"]) / 2, 0.0)
+    bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
+    out["copy_rate_Bps"] = (2 if raw["duplex"] == "half" else 1) * bandwidth
+    # One machine's processes: if every pattern moves about the same total (k senders into
+    # one, an exchange, one way), the limit is the machine's memory and cores, which every
+    # transfer crosses, not any one node. A ring round moves n bytes in all: C = N x bandwidth.
+    totals = [v["rate_Bps"] for v in raw["fan_in_fits"].values()] + [2 * raw["exchange_Bps_per_direction"]]
+    out["machine_limited"] = max(totals) <= MACHINE_SPREAD * min(totals)
+    out["machine_copy_rate_Bps"] = ring["workers"] * bandwidth
+    return out
+
+
+def ring_check(result: dict) -> dict:
+    """The written topology's simulated ring against the ring times measured at the fit sizes."""
+    from .. import algorithms
+    from ..simulate import simulate
+    from ..topology import from_dict
+
+    topo = from_dict(topology_dict(result))
+    n = result["workers"]
+    errors = [simulate(algorithms.build("ring", n, int(size) // 4), topo).time / t - 1
+              for size, t in zip(result["fit_sizes"], result["fit_times_s"])]
+    return {"sizes": result["fit_sizes"], "relative_errors": errors,
+            "worst_abs_error": max(abs(e) for e in errors)}
 
 
 def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
@@ -123,16 +284,45 @@ def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
 
 
 def topology_dict(fit: dict, name: str = "calibrated") -> dict:
-    """A single-switch topology from calibrated parameters (latency split over the 2 hops)."""
+    """A single-switch topology from calibrated parameters (latency split over the 2 hops).
+
+    With node costs measured (``fit["node"]``): each node's copy rate, per-message overhead
+    and incast factor; its copy channel carries what it sends and receives, so where the
+    exchange showed sending and receiving to share (half duplex) the links are left wide and
+    the nodes limit; where it showed them independent (full duplex) the one-way rate goes on
+    full-duplex links instead and the nodes get no copy channel. Where the machine is the
+    limit (``machine_limited``), the switch, which every transfer crosses, gets the copy rate
+    instead of the nodes. Without node costs: the ring fit."""
     n = fit["workers"]
-    bandwidth = fit["bandwidth_Bps"] if fit["bandwidth_Bps"] != float("inf") else 1e12
     rates = {"reduce_rate": fit["add_rate"], "madd_rate": fit["madd_rate"]}
+    node = fit.get("node")
+    if node is None:
+        bandwidth = fit["bandwidth_Bps"] if fit["bandwidth_Bps"] != float("inf") else 1e12
+        latency, what = fit["round_latency_s"] / 2, (f"{fit['round_latency_s'] * 1e6:.0f} us per round, "
+                                                      f"{bandwidth / 1e9:.2f} GB/s per direction")
+    else:
+        costs = {"message_overhead": node["message_overhead_s"]}
+        if node.get("machine_limited"):
+            bandwidth = 1e12
+        elif node["duplex"] == "half":
+            costs.update(copy_rate=node["copy_rate_Bps"], fan_in=node["fan_in"])
+            bandwidth = 1e12
+        else:
+            bandwidth = node["copy_rate_Bps"]
+        rates.update(costs)
+        latency = node["latency_s"] / 2
+        what = (f"{node['latency_s'] * 1e6:.0f} us latency, {node['message_overhead_s'] * 1e6:.0f} us per message, "
+                + (f"{node['machine_copy_rate_Bps'] / 1e9:.2f} GB/s for the machine, shared by every transfer"
+                   if node.get("machine_limited") else
+                   f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
+                   f"incast factor {node['fan_in']:.2f}"))
     nodes = [{"name": f"worker{i}", "kind": "host", **rates} for i in range(n)]
-    nodes += [{"name": "ps", "kind": "cpu", **rates}, {"name": "switch", "kind": "switch"}]
-    links = [{"a": node["name"], "b": "switch", "bandwidth": bandwidth, "latency": fit["round_latency_s"] / 2}
-             for node in nodes[:-1]]
-    return {"name": name, "description": f"{n} local workers, calibrated by gradsync calibrate: "
-            f"{fit['round_latency_s'] * 1e6:.0f} us per round, {bandwidth / 1e9:.2f} GB/s per direction",
+    switch = {"name": "switch", "kind": "switch"}
+    if node is not None and node.get("machine_limited"):
+        switch["copy_rate"] = node["machine_copy_rate_Bps"]   # every transfer between the processes crosses it
+    nodes += [{"name": "ps", "kind": "cpu", **rates}, switch]
+    links = [{"a": node_["name"], "b": "switch", "bandwidth": bandwidth, "latency": latency} for node_ in nodes[:-1]]
+    return {"name": name, "description": f"{n} local workers, calibrated by gradsync calibrate: {what}",
             "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(n)], "host": "ps"}
 
 
@@ -186,7 +376,7 @@ def calibrate_launched(repeats: int = 10) -> dict | None:
         fits, rank, _ = as_launched(machines_worker, repeats, local, timeout=600.0)
         return fits if rank == 0 else None
     raw, rank, _ = as_launched(worker, repeats, timeout=600.0)
-    return fit(world, list(FIT_BYTES), raw["times"], raw["add_rate"], raw["madd_rate"]) if rank == 0 else None
+    return fit_launches(world, [raw]) if rank == 0 else None
 
 
 def machines_topology_dict(fits: dict, name: str = "calibrated") -> dict:

@@ -37,6 +37,25 @@ class NodeSpec(_Strict):
     kind: Literal["gpu", "cpu", "host", "switch", "nic"]
     reduce_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     madd_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    copy_rate: float | str | None = None
+    message_overhead: float | str | None = None
+    fan_in: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+    @field_validator("copy_rate")
+    @classmethod
+    def _copy_rate(cls, v):
+        try:
+            return None if v is None else parse_bandwidth(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("message_overhead")
+    @classmethod
+    def _overhead(cls, v):
+        try:
+            return None if v is None else parse_time(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class LinkSpec(_Strict):
@@ -107,7 +126,8 @@ def from_dict(data, source: str = "topology") -> Topology:
             raise TopologyError(f"{source}: ring_weights: need {len(rings)} positive numbers")
     try:
         return Topology(
-            spec.name, tuple(Node(n.name, n.kind, n.reduce_rate, n.madd_rate) for n in spec.nodes),
+            spec.name, tuple(Node(n.name, n.kind, n.reduce_rate, n.madd_rate, n.copy_rate,
+                                   n.message_overhead or None, n.fan_in or None) for n in spec.nodes),
             tuple(Link(l.a, l.b, l.bandwidth, l.latency, l.duplex) for l in spec.links),
             tuple(spec.workers), spec.host, rings,
             tuple(weights) if rings else None, spec.description)

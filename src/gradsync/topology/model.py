@@ -2,7 +2,9 @@
 
 A link joins two nodes with a bandwidth per direction (bytes/s) and a latency (seconds). A
 full-duplex link is two independent directed channels; a half-duplex one is one shared
-channel. Routes are fewest-time paths (latency plus 1 MB at the link's bandwidth), so NVLink
+channel. A node may have costs of its own (all optional): a copy rate shared by every
+transfer it sends or receives, a per-message overhead, and an incast penalty when many
+peers send to it at once. Routes are fewest-time paths (latency plus 1 MB at the link's bandwidth), so NVLink
 is preferred over PCIe where both exist.
 """
 
@@ -28,6 +30,11 @@ class Node:
     kind: str
     reduce_rate: float | None = None   # elements added per second (streaming); None: free
     madd_rate: float | None = None     # multiply-adds per second in small matrix products; None: free
+    # The node's own costs of moving data (all None: free, the wires alone limit):
+    copy_rate: float | None = None     # bytes/s the node moves in and out, shared by every transfer it sends or receives
+    message_overhead: float | None = None   # seconds of the node's time per message sent or received (LogGP's o)
+    fan_in: float | None = None        # incast: each concurrent incoming transfer beyond the first costs this
+                                       # fraction more of the copy rate (rate / (1 + fan_in (k - 1)))
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,16 @@ class Topology:
 
     def madd_rate(self, name: str) -> float | None:
         return self.nodes[self.index[name]].madd_rate
+
+    @cached_property
+    def has_node_costs(self) -> bool:
+        """Whether any node sets a copy rate, a per-message overhead or an incast factor: terms
+        only the simulator models (the closed forms do not)."""
+        return any(n.copy_rate or n.message_overhead or n.fan_in for n in self.nodes)
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``."""
+        return self.nodes[self.index[name]]
 
     def with_workers(self, count: int) -> "Topology":
         """This topology using only its first ``count`` worker devices."""
