@@ -76,14 +76,27 @@ def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0,
     if name == "auto" and device == "cpu" and not stall_warning and _gloo(group):
         from ..hosts import host_map
 
-        found = host_map(group, timeout)
-        if found.hosts == 1:
+        kind = auto_kind(host_map(group, timeout))
+        if kind == "shm":
             shared = shared_group(group, timeout)
             if not isinstance(shared, str):
                 return ShmTransport(group, shared=shared)
-        elif found.shared():
+        elif kind == "mixed":
             return MixedTransport(group, timeout, shared=host_group(group, timeout))
     return DistributedTransport(group, stall_warning)
+
+
+def auto_kind(found) -> str:
+    """What "auto" runs a group whose ranks are placed as ``found`` (a ``hosts.HostMap``) on:
+    "shm" (one host), "mixed" (several, some with two ranks or more) or "gloo" (one rank each).
+
+    >>> from gradsync.runtime.hosts import HostMap
+    >>> auto_kind(HostMap((0, 0), ("a",))), auto_kind(HostMap((0, 0, 1), ("a", "b"))), auto_kind(HostMap((0, 1), ("a", "b")))
+    ('shm', 'mixed', 'gloo')
+    """
+    if found.hosts == 1:
+        return "shm"
+    return "mixed" if found.shared() else "gloo"
 
 
 def _gloo(group) -> bool:
@@ -92,5 +105,5 @@ def _gloo(group) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
-__all__ = ["CHOICES", "DistributedTransport", "MemoryTransport", "MixedTransport", "ShmTransport", "Transport",
+__all__ = ["CHOICES", "auto_kind", "DistributedTransport", "MemoryTransport", "MixedTransport", "ShmTransport", "Transport",
            "TorchTransport", "for_group", "host_group", "post_each", "shared_group"]
