@@ -51,6 +51,8 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, 
         from .links import enter
         enter(network.namespace_of(rank))
         os.environ["GLOO_SOCKET_IFNAME"] = network.interface
+        # each namespace an emulated machine: its ranks share a host, the others do not
+        os.environ["GRADSYNC_HOST"] = f"{socket.gethostname()}/{network.namespace_of(rank)}"
     elif host == LOOPBACK:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     # workers per machine, as torchrun says it: what hierarchical algorithms group by
