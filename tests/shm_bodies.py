@@ -143,3 +143,20 @@ def mixed_killed(rank, workers, per_host, victim, timeout):
         return {"error": None}
     except gradsync.PeerError as exc:
         return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def mixed_stalled(rank, workers, per_host, sleeper, timeout):
+    """After one all-reduce over "auto" on emulated machines, ``sleeper`` sleeps past the
+    timeout: the ranks of both machines must name it, not a neighbour waiting for it."""
+    _as_machines(rank, per_host)
+    x = torch.ones(1000)
+    gradsync.all_reduce(x, transport="auto", timeout=timeout)
+    if rank == sleeper:
+        time.sleep(timeout + 3)
+        return {"slept": True}
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(x, transport="auto", timeout=timeout)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}

@@ -174,3 +174,11 @@ def test_bench_default_list_shows_ring_over_shared_memory_beside_the_engines_row
     assert all(r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6) for r in rows)
     table = gradsync_cli("bench", "-n", "2", "--sizes", "4KB", "--iters", "1", "--algorithms", "ring")
     assert table.returncode == 0 and " shm " not in table.stdout and "transport" in table.stdout
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_of_a_group_spanning_hosts_is_named_on_both():
+    timeout, sleeper = 2.0, 3
+    results = run(bodies.mixed_stalled, 4, 2, sleeper, timeout, timeout=60)
+    for r in results[:sleeper]:
+        assert r["error"] and r["peer"] == sleeper and r["seconds"] <= timeout + 2, r

@@ -24,6 +24,7 @@ time out, name it too (``DistributedTransport.failure_of`` reads that notice).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import queue
@@ -35,6 +36,7 @@ from .distributed import DistributedTransport, Pending
 from .shm import SharedGroup, host_group
 
 WATCHERS_LIMIT = 64          # threads waiting for Gloo operations, at most, per process
+SETTLE_S = 3.0               # at exit, how long to let watchers still in a Gloo wait finish
 
 
 class _Watchers:
@@ -56,6 +58,13 @@ class _Watchers:
                 threading.Thread(target=self._loop, name="gradsync-watcher", daemon=True).start()
         self._jobs.put(job)
 
+    def settle(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` until no watcher is inside a wait; return whether none is."""
+        until = time.monotonic() + seconds
+        while self._busy and time.monotonic() < until:
+            time.sleep(0.01)
+        return not self._busy
+
     def _loop(self):
         while True:
             job = self._jobs.get()
@@ -67,6 +76,14 @@ class _Watchers:
 
 
 WATCHERS = _Watchers()
+
+
+@atexit.register
+def _settle():
+    # A daemon thread still inside a Gloo wait when the interpreter ends aborts the process
+    # ("terminate called without an active exception"): after a failure, operations with a
+    # live peer stay pending until the group is destroyed or the watcher's timeout.
+    WATCHERS.settle(SETTLE_S)
 
 
 class _Remote:
