@@ -10,10 +10,12 @@ speed, its rails across machines on the network.
 
 Waiting over both kinds: shared memory moves only while a rank of the host progresses it, so
 a rank must not block in a Gloo wait while its host's peers need it (with messages larger than
-a channel's frames, two ranks of one host could each wait for the other that way). Instead
-every Gloo operation is waited for by a watcher thread, which rings the rank's doorbell when it
-completes; the rank itself stays in the shared-memory wait, progressing its channels, until its
-shared-memory operations are done and the watchers report the rest.
+a channel's frames, two ranks of one host could each wait for the other that way). So while
+this rank has anything in flight in its host's segment, the Gloo operations it waits for are
+waited for by watcher threads, which ring the rank's doorbell when they complete, and the rank
+stays in the shared-memory wait, progressing its channels, until its shared-memory operations
+are done and the watchers report the rest. With nothing in flight there (the hierarchical
+all-reduce's rails of a small message), it waits in Gloo itself, without the hand-over.
 
 Failures keep their names on both sides. A rank that sees a failure through Gloo (a peer on
 another host died) records that rank in its host's segment, so its host's ranks name it too;
@@ -89,11 +91,11 @@ def _settle():
 class _Remote:
     """A Gloo operation of a mixed collective: its handle, its tensor, and what its watcher saw."""
 
-    __slots__ = ("pending", "tensor", "done", "error")
+    __slots__ = ("pending", "tensor", "done", "error", "watched")
 
     def __init__(self, pending: Pending, tensor):
         self.pending, self.tensor = pending, tensor
-        self.done = False
+        self.done = self.watched = False
         self.error: Exception | None = None
 
 
@@ -138,9 +140,7 @@ class MixedTransport:
         far = [i for i, op in enumerate(ops) if op[2] not in self.local]
         if far:
             for i, pending in zip(far, self.engine.post([ops[i] for i in far])):
-                out[i] = handle = _Remote(pending, ops[i][1])
-                if self.shared is not None:
-                    WATCHERS.submit(lambda h=handle: self._watch(h))
+                out[i] = _Remote(pending, ops[i][1])
         if near:
             posted = self._local(self.shared.post, [(kind, t, self.local[peer], tag)
                                                     for kind, t, peer, tag in (ops[i] for i in near)])
@@ -167,11 +167,22 @@ class MixedTransport:
         """Wait for every handle of ``pending``, progressing this host's channels meanwhile."""
         near = [h for h in pending if not isinstance(h, _Remote)]
         far = [h for h in pending if isinstance(h, _Remote)]
-        if self.shared is None:
-            self.engine.wait([h.pending for h in far], deadline)
-        elif not far:
-            self._local(self.shared.wait, near, deadline)
+        if not far:
+            if near:
+                self._local(self.shared.wait, near, deadline)
+        elif self.shared is None or (not near and self.shared.idle()):
+            # no peer of this host needs this rank meanwhile: wait in Gloo itself (no hand-over)
+            try:
+                self.engine.wait([h.pending for h in far if not h.watched], deadline)
+            except PeerError as error:
+                if self.shared is not None:
+                    self.shared.abandon(error)
+                raise
         else:
+            for h in far:
+                if not h.watched:
+                    h.watched = True
+                    WATCHERS.submit(lambda h=h: self._watch(h))
             self._local(self.shared.wait, near, deadline, lambda expired: self._outside(far, expired, deadline))
 
     def _outside(self, far: list[_Remote], expired: bool, deadline: float) -> bool:

@@ -345,6 +345,11 @@ class SharedGroup:
                 self.expecting[p] -= 1
         return True
 
+    def idle(self) -> bool:
+        """Whether nothing of this rank is in flight here: no send left to write, no receive
+        open (then no peer of the host needs this rank to progress)."""
+        return not (self.posted or any(self.active) or any(self.unmatched) or any(self.to_announce))
+
     # --- waiting ------------------------------------------------------------------------
 
     def wait(self, pending: list[_Op], deadline: float, outside=None) -> None:
