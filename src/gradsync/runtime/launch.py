@@ -106,7 +106,8 @@ def _one_openmp_thread():
 def launcher_local_size(workers: int) -> int | None:
     """Workers per machine as the launch says it: GRADSYNC_LOCAL_SIZE, else the launcher's
     variable (torchrun's and gradsync's own LOCAL_WORLD_SIZE, Open MPI's, Slurm's), if it
-    divides ``workers``; None when none does (``hosts.local_size`` then asks the group)."""
+    divides ``workers``; None when none does (``hosts.local_size`` then asks the group).
+    Example: with ``LOCAL_WORLD_SIZE=2`` in the environment, ``launcher_local_size(8)`` is 2."""
     for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(key, "").split("(")[0]              # srun writes e.g. 2(x3)
         if value.isdigit() and int(value) >= 1 and workers % int(value) == 0:
