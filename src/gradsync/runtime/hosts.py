@@ -166,7 +166,8 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
     return found
 
 
-_warned: set = set()
+_warned: set = set()          # reasons already logged (this module's; at most _WARNED_LIMIT kept)
+_WARNED_LIMIT = 64
 
 
 def local_size(workers: int, group=None, timeout: float = 60.0) -> int:
@@ -192,7 +193,8 @@ def local_size(workers: int, group=None, timeout: float = 60.0) -> int:
     if size is None:
         why = found.why_not()
         if why not in _warned:
-            _warned.add(why)
+            if len(_warned) < _WARNED_LIMIT:
+                _warned.add(why)
             log.warning("gradsync: grouping by machine as one machine per rank: %s", why)
         return 1
     return size
