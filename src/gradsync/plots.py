@@ -30,7 +30,8 @@ def bench_plot(rows: list[dict], path: str, title: str = "") -> dict:
     series = defaultdict(list)
     for r in rows:
         shared = r.get("transport") in ("shm", "mixed")      # beside the same algorithm over Gloo
-        series[f"{r['algorithm']} ({r['transport']})" if shared else r["algorithm"]].append((r["bytes"], r["busbw_GBps"]))
+        name = f"{r['algorithm']} ({r['transport']})" if shared else r["algorithm"]
+        series[name].append((r["bytes"], r["busbw_GBps"]))
     fig, ax = _figure()
     for name, points in series.items():
         points.sort()

@@ -91,8 +91,8 @@ def auto_kind(found) -> str:
     "shm" (one host), "mixed" (several, some with two ranks or more) or "gloo" (one rank each).
 
     >>> from gradsync.runtime.hosts import HostMap
-    >>> auto_kind(HostMap((0, 0), ("a",))), auto_kind(HostMap((0, 0, 1), ("a", "b"))), auto_kind(HostMap((0, 1), ("a", "b")))
-    ('shm', 'mixed', 'gloo')
+    >>> [auto_kind(HostMap(h, ("a", "b")[:max(h) + 1])) for h in [(0, 0), (0, 0, 1), (0, 1)]]
+    ['shm', 'mixed', 'gloo']
     """
     if found.hosts == 1:
         return "shm"
@@ -105,5 +105,5 @@ def _gloo(group) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
-__all__ = ["CHOICES", "auto_kind", "DistributedTransport", "MemoryTransport", "MixedTransport", "ShmTransport", "Transport",
-           "TorchTransport", "for_group", "host_group", "post_each", "shared_group"]
+__all__ = ["CHOICES", "DistributedTransport", "MemoryTransport", "MixedTransport", "ShmTransport", "Transport",
+           "TorchTransport", "auto_kind", "for_group", "host_group", "post_each", "shared_group"]
