@@ -3,9 +3,12 @@
 Each machine is a network namespace holding ``--per-node`` worker processes (they talk to each
 other inside it, as processes on one host do); machines reach each other through veth pairs
 shaped to ``--bandwidth`` (tc tbf, both directions) on one bridge. The workers learn the
-grouping as under torchrun, from LOCAL_WORLD_SIZE. Per launch, the three run interleaved on
-the same gradient: gradsync's flat ring, gradsync's hierarchical all-reduce, and Gloo's own
-all_reduce; medians per launch, then the median over launches. The simulator's prediction
+grouping as under torchrun, from LOCAL_WORLD_SIZE. Per launch, these run interleaved on the
+same gradient: gradsync's flat ring and hierarchical all-reduce over Gloo, Gloo's own
+all_reduce, and the ring and hierarchical all-reduce over the mixed transport (shared memory
+between the ranks of one machine, Gloo across: ``transport="auto"``, each namespace a host);
+medians per launch, then the median over launches. Rows of other layouts already in ``--out``
+are kept. The simulator's prediction
 for the same layout (lowbw-cluster with M servers of L GPUs, the same network link) is
 printed beside.
 
@@ -26,16 +29,19 @@ import gradsync
 from gradsync import algorithms
 from gradsync.cost import default_options
 from gradsync.runtime.launch import run
+from gradsync.runtime.transport import for_group
 from gradsync.runtime.links import SlowLinks
 from gradsync.simulate import simulate
 from gradsync.topology.presets import lowbw_cluster
 
-METHODS = ("ring", "hierarchical", "native")
+METHODS = ("ring", "hierarchical", "native", "ring_mixed", "hierarchical_mixed")
 
 
 def interleaved(rank, workers, elements, iters):
     torch.set_num_threads(1)
     grad = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
+    chosen = type(for_group("auto")).__name__
+    assert chosen == "MixedTransport", f"auto chose {chosen}: the namespaces are not seen as hosts"
     exact = grad.double()
     dist.all_reduce(exact)
     times = {m: [] for m in METHODS}
@@ -47,6 +53,8 @@ def interleaved(rank, workers, elements, iters):
             start = time.perf_counter()
             if method == "native":
                 dist.all_reduce(buf)
+            elif method.endswith("_mixed"):
+                gradsync.all_reduce(buf, algorithm=method.removesuffix("_mixed"), transport="auto")
             else:
                 gradsync.all_reduce(buf, algorithm=method)
             if i:
@@ -90,16 +98,23 @@ def main():
                      "bandwidth": args.bandwidth, "launches": launches, "median_s": med, "busbw_GBps": busbw,
                      "hierarchical_over_ring": med["ring"] / med["hierarchical"],
                      "hierarchical_over_native": med["native"] / med["hierarchical"],
+                     "hierarchical_mixed_over_ring": med["ring"] / med["hierarchical_mixed"],
+                     "hierarchical_mixed_over_native": med["native"] / med["hierarchical_mixed"],
                      "predicted_s": pred,
                      "prediction_error": {m: pred[m] / med[m] - 1 for m in pred},
                      "worst_relative_error": max(l[-1] for l in launches)})
         print(json.dumps(rows[-1], indent=1), flush=True)
-    args.out.write_text(json.dumps(rows, indent=1))
-    print(f"{'machines x per node':<20} {'ring':>9} {'hier.':>9} {'native':>9}  hier/ring  hier/native  predicted err (ring, hier)")
+    layout = lambda r: (r["machines"], r["per_node"], r["bytes"], r["bandwidth"])     # noqa: E731
+    new = {layout(r) for r in rows}
+    kept = [r for r in json.loads(args.out.read_text()) if layout(r) not in new] if args.out.exists() else []
+    args.out.write_text(json.dumps(sorted(kept + rows, key=layout), indent=1))
+    print(f"{'machines x per node':<20} {'ring':>9} {'hier.':>9} {'native':>9} {'ring mx':>9} {'hier. mx':>9}  "
+          f"hier/ring  hier mx/ring  predicted err (ring, hier)")
     for r in rows:
         m = r["median_s"]
-        print(f"{r['machines']} x {r['per_node']:<16} {m['ring']:9.3f} {m['hierarchical']:9.3f} {m['native']:9.3f}  "
-              f"{r['hierarchical_over_ring']:9.2f}  {r['hierarchical_over_native']:11.2f}  "
+        print(f"{r['machines']} x {r['per_node']:<16} {m['ring']:9.3f} {m['hierarchical']:9.3f} {m['native']:9.3f} "
+              f"{m['ring_mixed']:9.3f} {m['hierarchical_mixed']:9.3f}  {r['hierarchical_over_ring']:9.2f}  "
+              f"{r['hierarchical_mixed_over_ring']:12.2f}  "
               f"{r['prediction_error']['ring']:+.0%}, {r['prediction_error']['hierarchical']:+.0%}")
 
 

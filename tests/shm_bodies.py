@@ -89,3 +89,74 @@ def absent_at_setup(rank, workers, timeout):
         return {"error": None}
     except gradsync.PeerError as exc:
         return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def _as_machines(rank, per_host):
+    """Emulate machines of ``per_host`` consecutive ranks: the host-identity override, and no
+    launcher variable, so that the ranks learn the grouping from their hosts."""
+    os.environ["GRADSYNC_HOST"] = f"machine{rank // per_host}"
+    os.environ.pop("LOCAL_WORLD_SIZE", None)
+
+
+MIXED_LENGTHS = {torch.float64: (0, 13, LONG), torch.float32: (1000,)}
+
+
+def mixed_sums(rank, workers, per_host):
+    """Ring and hierarchical over "auto" on emulated machines: max relative error against
+    numpy's float64 sum, per (algorithm, dtype, length); what auto chose; the learned grouping."""
+    from gradsync.runtime import hosts
+
+    _as_machines(rank, per_host)
+    chosen = for_group("auto")
+    out = {"transport": type(chosen).__name__, "local_size": hosts.local_size(workers),
+           "host_ranks": list(chosen.shared.ranks) if getattr(chosen, "shared", None) else None, "errors": {}}
+    for alg in ("ring", "hierarchical"):
+        for dtype, lengths in MIXED_LENGTHS.items():
+            for n in lengths:
+                x = _inputs(rank, n, dtype)
+                gradsync.all_reduce(x, algorithm=alg, transport="auto", timeout=60)
+                ref = np.sum([_inputs(r, n, dtype).double().numpy() for r in range(workers)], axis=0)
+                scale = float(np.abs(ref).max()) if n else 1.0
+                out["errors"][(alg, str(dtype), n)] = \
+                    float(np.abs(x.double().numpy() - ref).max()) / (scale or 1.0) if n else 0.0
+    out["added_in_place"] = chosen.shared.added_in_place if getattr(chosen, "shared", None) else 0
+    return out
+
+
+def mixed_killed(rank, workers, per_host, victim, timeout):
+    """Ring all-reduces over "auto" on emulated machines; ``victim`` kills itself mid-stream."""
+    import signal
+    import threading
+
+    _as_machines(rank, per_host)
+    x = torch.ones(1 << 18)
+    gradsync.all_reduce(x, transport="auto", timeout=timeout)
+    if rank == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    start = None
+    try:
+        for _ in range(100000):
+            x.fill_(1.0)
+            start = time.monotonic()
+            gradsync.all_reduce(x, transport="auto", timeout=timeout)
+            assert x[0].item() == workers
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+
+
+def mixed_stalled(rank, workers, per_host, sleeper, timeout):
+    """After one all-reduce over "auto" on emulated machines, ``sleeper`` sleeps past the
+    timeout: the ranks of both machines must name it, not a neighbour waiting for it."""
+    _as_machines(rank, per_host)
+    x = torch.ones(1000)
+    gradsync.all_reduce(x, transport="auto", timeout=timeout)
+    if rank == sleeper:
+        time.sleep(timeout + 3)
+        return {"slept": True}
+    start = time.monotonic()
+    try:
+        gradsync.all_reduce(x, transport="auto", timeout=timeout)
+        return {"error": None}
+    except gradsync.PeerError as exc:
+        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}

@@ -133,3 +133,52 @@ def test_kill_trials_over_shared_memory_name_the_victim_and_leave_no_segment():
     assert summary["named_victim"] == summary["survivors"] > 0, summary
     assert summary["detection_max_s"] <= timeout + 2 and not summary["other_errors"], summary
     assert summary["segments_left"] == 0, summary
+
+
+def test_a_group_spanning_hosts_sums_exactly_over_shared_memory_inside_each():
+    """Two emulated machines of two ranks (GRADSYNC_HOST) without a launcher variable: "auto"
+    picks the mixed transport, the ranks learn local_size = 2 from their hosts, and ring and
+    hierarchical sum exactly, the REDUCE bytes between ranks of one machine added from the channel."""
+    before = segments()
+    results = run(bodies.mixed_sums, 4, 2, timeout=240)
+    for rank, r in enumerate(results):
+        assert r["transport"] == "MixedTransport" and r["local_size"] == 2
+        assert r["host_ranks"] == [0, 1] if rank < 2 else [2, 3]
+        assert r["added_in_place"] > 0
+        assert len(r["errors"]) == 2 * sum(len(n) for n in bodies.MIXED_LENGTHS.values())
+        for (algorithm, dtype, n), error in r["errors"].items():
+            assert error <= TOLERANCE[dtype], (algorithm, dtype, n, error)
+    assert segments() <= before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 3])
+def test_a_killed_rank_of_a_group_spanning_hosts_is_named_on_both(victim):
+    timeout, before = 3.0, segments()
+    results = run(bodies.mixed_killed, 4, 2, victim, timeout, timeout=60, tolerate=True)
+    assert "died" in str(results[victim])
+    for r in results[:victim] + results[victim + 1:]:             # its own host's survivor and the other host's
+        assert r["error"] and r["peer"] == victim, r
+        assert r["seconds"] <= timeout + 2, r
+    assert segments() <= before
+
+
+@pytest.mark.slow
+def test_bench_default_list_shows_ring_over_shared_memory_beside_the_engines_rows():
+    out = gradsync_cli("bench", "-n", "2", "--sizes", "4KB", "--iters", "2", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    pairs = [(r["algorithm"], r["transport"]) for r in rows]
+    assert pairs[0] == ("native", "native") and pairs[-1] == ("ring", "shm")
+    assert ("ring", "gloo") in pairs and all(t == "gloo" for _, t in pairs[1:-1])
+    assert all(r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6) for r in rows)
+    table = gradsync_cli("bench", "-n", "2", "--sizes", "4KB", "--iters", "1", "--algorithms", "ring")
+    assert table.returncode == 0 and " shm " not in table.stdout and "transport" in table.stdout
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_of_a_group_spanning_hosts_is_named_on_both():
+    timeout, sleeper = 2.0, 3
+    results = run(bodies.mixed_stalled, 4, 2, sleeper, timeout, timeout=60)
+    for r in results[:sleeper]:
+        assert r["error"] and r["peer"] == sleeper and r["seconds"] <= timeout + 2, r

@@ -601,7 +601,9 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         if backend == "mpi" or "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
             raise click.BadParameter("traces are written for local workers on the torch backend, not under "
                                      "mpirun or torchrun", param_hint="'--trace'")
-    engine = bench_mod.TorchEngine(transport)
+    # the default list over Gloo also shows shared memory where the ranks share a host
+    engine = bench_mod.TorchEngine(transport, shared_rows=names is None and transport == "gloo" and codec is None
+                                   and not (link_bandwidth or trace_path))
 
     chosen = _chosen(names, dtype)
     if flight_dir:                        # the workers inherit it
@@ -649,8 +651,11 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
                  else f"{workers} local workers, Gloo over 127.0.0.1")
-        if rows and rows[-1]["transport"] == "shm":
+        used = {r["transport"] for r in rows if r["algorithm"] != bench_mod.NATIVE}
+        if used == {"shm"}:
             where += "; gradsync's rows over shared memory"
+        elif "shm" in used:
+            where += "; ring also over shared memory"
         if link_bandwidth:
             limit = parse_bandwidth(link_bandwidth)
             for r in rows:
@@ -681,12 +686,12 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     def render(rows):
         click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
                    f"slowest; busbw = algbw x 2(N-1)/N")
-        headers = ["size", "count", "algorithm", "time", "algbw", "busbw", "max error"]
+        headers = ["size", "count", "algorithm", "transport", "time", "algbw", "busbw", "max error"]
         if topo is not None:
             headers += ["predicted", "pred. error"]
         table = []
         for r in rows:
-            line = [format_size(r["bytes"]), r["count"], r["algorithm"], format_time(r["time_s"]),
+            line = [format_size(r["bytes"]), r["count"], r["algorithm"], r["transport"], format_time(r["time_s"]),
                     f"{r['algbw_GBps']:.3f} GB/s", f"{r['busbw_GBps']:.3f} GB/s", f"{r['max_error']:.2g}"]
             if topo is not None:
                 line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]

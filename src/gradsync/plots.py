@@ -29,7 +29,9 @@ def bench_plot(rows: list[dict], path: str, title: str = "") -> dict:
     ({algorithm: [(bytes, busbw_GBps), ...]})."""
     series = defaultdict(list)
     for r in rows:
-        series[r["algorithm"]].append((r["bytes"], r["busbw_GBps"]))
+        shared = r.get("transport") in ("shm", "mixed")      # beside the same algorithm over Gloo
+        name = f"{r['algorithm']} ({r['transport']})" if shared else r["algorithm"]
+        series[name].append((r["bytes"], r["busbw_GBps"]))
     fig, ax = _figure()
     for name, points in series.items():
         points.sort()

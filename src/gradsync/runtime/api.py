@@ -16,7 +16,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..plan import Plan, compile_plan
 from ..schedule import CODED, COPY, REDUCE, Schedule
 from .agree import Agreement, digest, seen_before
-from .launch import local_size
+from .hosts import local_size
 from .collective import Collective, node_buffers
 from .transport import for_group
 
@@ -213,7 +213,9 @@ def prepare(tensor, algorithm, op, transport, deadline, check=True, check_finite
     spec = algorithms.get(algorithm)
     spec.check_dtype(dtype)
     if "local_size" in spec.options and options.get("local_size") is None:
-        options["local_size"] = local_size(workers)          # machines as the launcher placed the ranks
+        # machines as the launcher placed the ranks, else as the group's ranks report their hosts
+        options["local_size"] = local_size(workers, getattr(transport, "group", False),
+                                        max(1.0, deadline - time.monotonic()))
     frozen_options = frozen(options)
     description = {"shape": list(tensor.shape), "dtype": dtype, "algorithm": algorithm, "op": op,
                    "options": json.loads(frozen_options), "device": tensor.device.type}

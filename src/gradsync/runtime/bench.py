@@ -67,18 +67,32 @@ def time_in_blocks(calls: dict, total: int, barrier, before=None) -> dict:
 
 class TorchEngine:
     """The torch.distributed engine: Gloo's own all-reduce is the native row; gradsync's rows
-    run over ``transport`` ("gloo", "shm" or "auto", as ``gradsync.all_reduce`` takes)."""
+    run over ``transport`` ("gloo", "shm" or "auto", as ``gradsync.all_reduce`` takes).
+    ``shared_rows``: beside rows over Gloo, where ranks share a host, the ring over shared
+    memory too (one host) or the hierarchical all-reduce over the mixed transport (several)."""
 
-    def __init__(self, transport: str = "gloo"):
+    def __init__(self, transport: str = "gloo", shared_rows: bool = False):
         self.transport = transport
+        self.shared_rows = shared_rows
+
+    def extra_rows(self) -> list[tuple[str, str]]:
+        """(algorithm, transport) rows beside the chosen ones (every rank together)."""
+        if not self.shared_rows or self.transport != "gloo":
+            return []
+        from .hosts import host_map
+        from .transport import auto_kind
+
+        kind = auto_kind(host_map())
+        return [("ring", "shm")] if kind == "shm" else [("hierarchical", "mixed")] if kind == "mixed" else []
 
     def transport_used(self) -> str:
         """What gradsync's rows run over: "auto" resolved (every rank together)."""
-        from .transport import ShmTransport, for_group
+        from .transport import MixedTransport, ShmTransport, for_group
 
         if self.transport != "auto":
             return self.transport
-        return "shm" if isinstance(for_group("auto"), ShmTransport) else "gloo"
+        chosen = for_group("auto")
+        return "shm" if isinstance(chosen, ShmTransport) else "mixed" if isinstance(chosen, MixedTransport) else "gloo"
 
     def barrier(self):
         dist.barrier()
@@ -90,8 +104,9 @@ class TorchEngine:
     def native(self, buf):
         return lambda: dist.all_reduce(buf)
 
-    def ours(self, name, buf, timeout, opts):
-        return lambda: all_reduce(buf, algorithm=name, timeout=timeout, transport=self.transport, **opts)
+    def ours(self, name, buf, timeout, opts, transport=None):
+        transport = {"mixed": "auto"}.get(transport, transport) or self.transport
+        return lambda: all_reduce(buf, algorithm=name, timeout=timeout, transport=transport, **opts)
 
 
 class MpiEngine:
@@ -103,6 +118,9 @@ class MpiEngine:
 
     def transport_used(self) -> str:
         return "mpi"
+
+    def extra_rows(self) -> list[tuple[str, str]]:
+        return []
 
     def barrier(self):
         self.comm.Barrier()
@@ -116,7 +134,7 @@ class MpiEngine:
         array = buf.numpy()
         return lambda: self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
 
-    def ours(self, name, buf, timeout, opts):
+    def ours(self, name, buf, timeout, opts, transport=None):
         from .mpi import all_reduce as mpi_all_reduce
         return lambda: mpi_all_reduce(buf, algorithm=name, comm=self.comm, timeout=timeout, **opts)
 
@@ -133,17 +151,21 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
         from .tracing import Trace
         tracer = Trace()
     transport = engine.transport_used()
+    extra = engine.extra_rows()
     dtype = DTYPES[dtype_name]
     itemsize = torch.tensor([], dtype=dtype).element_size()
-    rows, total = [], len(sizes) * (len(names) + 1)
+    rows, total = [], len(sizes) * (len(names) + 1 + len(extra))
     bar = progress_bar(total, "bench") if progress and rank == 0 else None
     for nbytes in sizes:
         elements = nbytes // itemsize
         mine, reference = _inputs(rank, workers, elements, dtype)
-        names_here = [NATIVE] + list(names)
+        # a row's key: its algorithm, or "algorithm@transport" for a row beside the chosen transport
+        names_here = [NATIVE] + list(names) + [f"{a}@{t}" for a, t in extra]
         bufs = {name: mine.clone() for name in names_here}
         calls = {name: engine.native(bufs[name]) if name == NATIVE else
-                 engine.ours(name, bufs[name], timeout, {**options.get(name, {}), **({"trace": tracer} if tracer else {})})
+                 engine.ours(name.partition("@")[0], bufs[name], timeout,
+                             {**options.get(name, {}), **({"trace": tracer} if tracer else {})},
+                             name.partition("@")[2] or None)
                  for name in names_here}
         times = time_in_blocks(calls, iters or default_iters(nbytes), engine.barrier,
                                before=lambda name: bufs[name].copy_(mine))
@@ -153,10 +175,11 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
             stats = engine.max(torch.tensor([statistics.median(times[name]), error], dtype=torch.float64))
             t = stats[0].item()
             algbw = nbytes / t if t > 0 else 0.0
-            rows.append({"algorithm": name, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
+            algorithm, _, beside = name.partition("@")
+            rows.append({"algorithm": algorithm, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
                          "time_s": t, "algbw_GBps": algbw / 1e9,
                          "busbw_GBps": algbw * 2 * (workers - 1) / workers / 1e9, "max_error": stats[1].item(),
-                         "workers": workers, "transport": "native" if name == NATIVE else transport})
+                         "workers": workers, "transport": "native" if name == NATIVE else beside or transport})
             if bar:
                 bar(f"{name} {nbytes} B")
     if bar:

@@ -176,11 +176,12 @@ class DistributedTransport:
                 p.work.wait(datetime.timedelta(seconds=left))
             except (RuntimeError, TimeoutError, dist.DistBackendError) as exc:
                 self.close()
-                raise self._failure(exc, p, deadline) from None
+                raise self.failure_of(exc, p, deadline) from None
         self.waiting_for = None
 
-    def _failure(self, exc: Exception, p: Pending, deadline: float) -> PeerError:
-        """The PeerError to raise, naming the rank that failed first anywhere in the group."""
+    def failure_of(self, exc: Exception, p: Pending, deadline: float) -> PeerError:
+        """The PeerError to raise for operation ``p`` that failed with ``exc``, naming the rank
+        that failed first anywhere in the group (read from, or posted to, the store)."""
         own = _peer_error(exc, p, self.rank)
         timed_out = own.op_detail == "timeout"
         store = _store()
@@ -218,6 +219,18 @@ class DistributedTransport:
             return own
         return PeerError(f"rank {self.rank}: collective abandoned: {text} (this rank was waiting for rank "
                          f"{p.peer})", peer=peer, op=p.kind)
+
+    def publish(self, error: PeerError) -> None:
+        """Post a failure seen elsewhere (another transport of the same group) as this group's
+        notice, first writer wins, and check in alive: the ranks that wait here then name it."""
+        store = _store()
+        if store is None or error.peer is None:
+            return
+        try:
+            store.set(self._alive_key(self.rank), "1")
+            store.compare_set(self.failure_key, "", f"{error.peer}|{error}")
+        except Exception:        # the store is gone: the others' own timeouts name rank 0
+            pass
 
     def _notice(self, store) -> tuple[int, str] | None:
         """The failure posted for this group, as (rank, message), if any."""

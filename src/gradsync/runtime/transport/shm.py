@@ -30,9 +30,12 @@ end of the chain of who waits for whom, each rank publishing the peer it waits f
 it in the segment, so every survivor names the same rank.
 
 The segment is a file in /dev/shm, mode 0600, named ``gradsync-<uid>-<pid>-<128 random
-bits>`` (its doorbells in a 0700 directory beside it); rank 0 creates it and passes its name
-through the group's torch.distributed store, every rank maps it and reports, and rank 0
-unlinks it as soon as all have reported. The mapping lives on until the processes exit,
+bits>`` (its doorbells in a 0700 directory beside it). The ranks first learn which of them
+share a host (``runtime.hosts``); the first rank of a host creates the segment and passes its
+name through the group's torch.distributed store, every rank of the host maps it and reports,
+and the creator unlinks it as soon as all have reported. In a group spanning several hosts
+(``host_group``, used by ``MixedTransport``) each host has its own segment, and ranks are
+named by their rank in the group. The mapping lives on until the processes exit,
 whatever way they exit, so nothing is left in /dev/shm even if they are killed; a segment
 left by a crash during those milliseconds (its creator's pid dead) is removed by the next
 group set up on the host, or by any survivor that meets the failure.
@@ -47,7 +50,6 @@ import os
 import secrets
 import select
 import shutil
-import socket
 import threading
 import time
 from collections import deque
@@ -71,7 +73,8 @@ CHECK_EVERY_S = 0.01                # liveness checks while blocked
 _HEADER, _RANK_WORDS = 8, 8         # [magic, size, slot_bytes, slots, notices, failed, why]; per rank a cache line
 _PID, _START, _BLOCKED, _CLOSED, _SLEEPING = 0, 1, 2, 3, 4
 _FAILED, _WHY = 5, 6                # in the header: the failed rank (-1: none) and how
-_DIED, _LEFT, _SILENT = 1, 2, 3
+_DIED, _LEFT, _SILENT, _REMOTE = 1, 2, 3, 4     # _REMOTE: a rank of another host, named by the engine
+_ACROSS = -2                        # a _BLOCKED word: waiting for a rank of another host
 _DATA_TAIL, _DATA_HEAD, _NOTICE_TAIL, _NOTICE_HEAD, _QUEUES = 0, 8, 16, 24, 32   # one cache line each
 
 
@@ -145,10 +148,15 @@ def sweep(directory: str = SHM_DIR) -> list[str]:
 class SharedGroup:
     """One process group's segment and this rank's side of its channels; every collective of
     the group on shared memory goes through it, one at a time (they share the group's
-    progress engine). Made by ``shared_group``."""
+    progress engine). Made by ``shared_group`` (all the group's ranks) or ``host_group`` (the
+    ranks of this host, in a group spanning several). ``rank``, ``size`` and every peer here
+    are local (0..size-1); ``ranks[i]`` is local rank i's rank in the process group, which
+    messages and ``PeerError.peer`` name, and the segment records a failed rank by."""
 
-    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str, bells: list[int]):
+    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str, bells: list[int],
+                 ranks: list[int] | None = None):
         self.rank, self.size, self.name, self.mm, self.bells = rank, size, name, mm, bells
+        self.ranks = list(range(size)) if ranks is None else list(ranks)
         head = np.frombuffer(mm, dtype=np.int64, count=_HEADER)
         self.slot_bytes, self.slots, self.notices = int(head[2]), int(head[3]), int(head[4])
         self.channel_words = _QUEUES + 2 * self.notices + 4 * self.slots
@@ -210,7 +218,8 @@ class SharedGroup:
 
     def _match(self, op: _Op, nbytes: int) -> None:
         if nbytes != op.nbytes:
-            raise MismatchError(f"rank {self.rank}: a message with tag {op.tag} to rank {op.peer} has {op.nbytes} "
+            raise MismatchError(f"rank {self.ranks[self.rank]}: a message with tag {op.tag} to rank "
+                                f"{self.ranks[op.peer]} has {op.nbytes} "
                                 f"bytes here and {nbytes} bytes there: the ranks run different collectives")
         self.active[op.peer].append(op)
 
@@ -336,10 +345,20 @@ class SharedGroup:
                 self.expecting[p] -= 1
         return True
 
+    def idle(self) -> bool:
+        """Whether nothing of this rank is in flight here: no send left to write, no receive
+        open (then no peer of the host needs this rank to progress)."""
+        return not (self.posted or any(self.active) or any(self.unmatched) or any(self.to_announce))
+
     # --- waiting ------------------------------------------------------------------------
 
-    def wait(self, pending: list[_Op], deadline: float) -> None:
-        """Progress until every op of ``pending`` is done, or raise ``PeerError`` naming a rank."""
+    def wait(self, pending: list[_Op], deadline: float, outside=None) -> None:
+        """Progress until every op of ``pending`` is done, or raise ``PeerError`` naming a rank.
+
+        ``outside`` (a group spanning hosts): ``outside(expired)`` says whether this wait's
+        operations on the other engine are done too; it raises their ``PeerError``, and with
+        ``expired`` (the deadline has passed) it raises the timeout's. Their completions ring
+        this rank's doorbell, so waiting for them still keeps the channels moving."""
         if self.failure is not None:
             raise self.failure
         started = time.monotonic()
@@ -354,18 +373,18 @@ class SharedGroup:
             while True:
                 if self.progress():
                     idle_since = time.monotonic()
-                if all(op.done for op in pending):
+                if all(op.done for op in pending) and (outside is None or self._outside(outside, False)):
                     return
                 now = time.monotonic()
                 idle = now - idle_since
                 if idle < SPIN_S:
                     continue
-                if not blocked:
-                    waiting = next(op for op in pending if not op.done)
-                    self.ctl[self._rank_word(self.rank, _BLOCKED)] = waiting.peer
-                    blocked = True
+                waiting = next((op for op in pending if not op.done), None)
+                self.ctl[self._rank_word(self.rank, _BLOCKED)] = _ACROSS if waiting is None else waiting.peer
+                blocked = True
                 if now >= next_check or now >= deadline:
-                    waiting = next(op for op in pending if not op.done)
+                    if waiting is None and now >= deadline:
+                        self._outside(outside, True)
                     error = self._check(waiting, deadline)
                     # frames a peer published just before dying or leaving still count
                     if error is not None and not self.progress():
@@ -375,7 +394,7 @@ class SharedGroup:
                 self.ctl[sleeping] = 1
                 if self.progress(flush=True):        # idle: free the channels for the senders
                     idle_since = time.monotonic()
-                elif not all(op.done for op in pending):
+                elif not all(op.done for op in pending) or outside is not None:
                     select.select([self.bells[self.rank]], [], [], max(0.0, min(NAP_S, next_check - now)))
                 self.ctl[sleeping] = 0
                 try:
@@ -401,31 +420,53 @@ class SharedGroup:
             op.target = target
             self.wait([op], deadline)
 
-    def _check(self, op: _Op, deadline: float) -> PeerError | None:
+    def _check(self, op: _Op | None, deadline: float) -> PeerError | None:
         """The group's failure if a peer died or left, or the deadline has passed. The first
         rank to see a failure records it in the segment, so every survivor names that rank
-        (not one that gave up on it first and left)."""
+        (not one that gave up on it first and left). ``op`` None: this rank waits only for
+        ranks of other hosts (their engine names those)."""
         ctl = self.ctl
-        direction = "receive from" if op.kind == "recv" else "send to"
         if ctl[_FAILED] < 0:
             gone = next((r for r in self.peers if not self.alive(r)), None)
             if gone is not None:
-                self._record(gone, _LEFT if ctl[self._rank_word(gone, _CLOSED)] else _DIED)
-            elif time.monotonic() >= deadline:
-                self._record(self._end_of_chain(op.peer), _SILENT)
+                self._record(self.ranks[gone], _LEFT if ctl[self._rank_word(gone, _CLOSED)] else _DIED)
+            elif op is not None and time.monotonic() >= deadline:
+                end = self._end_of_chain(op.peer)
+                # a rank waiting across hosts learns who failed there from the engine: give it a second
+                if end is not None or time.monotonic() >= deadline + 1.0:
+                    self._record(self.ranks[op.peer if end is None else end], _SILENT)
         if ctl[_FAILED] < 0:
             return None
         failed, why = int(ctl[_FAILED]), int(ctl[_WHY])
-        pid = int(ctl[self._rank_word(failed, _PID)])
-        how = {_LEFT: "left the group", _DIED: f"died (process {pid} is gone)",
-               _SILENT: "did not answer before the timeout"}.get(why, "failed")
-        return PeerError(f"rank {self.rank}: rank {failed} {how} while this rank waited to {direction} "
-                         f"rank {op.peer}", peer=failed, op=op.kind)
+        how = {_LEFT: "left the group", _SILENT: "did not answer before the timeout",
+               _REMOTE: "failed (seen by a rank of this host that waited for it across hosts)"}.get(why, "failed")
+        if why == _DIED and failed in self.ranks:
+            how = f"died (process {int(ctl[self._rank_word(self.ranks.index(failed), _PID)])} is gone)"
+        doing = "" if op is None else \
+            f" to {'receive from' if op.kind == 'recv' else 'send to'} rank {self.ranks[op.peer]}"
+        return PeerError(f"rank {self.ranks[self.rank]}: rank {failed} {how} while this rank waited{doing}",
+                         peer=failed, op="recv" if op is None else op.kind)
 
     def _record(self, rank: int, why: int) -> None:
+        """Record the group's failed rank (its rank in the process group) and how."""
         if self.ctl[_FAILED] < 0:      # two ranks at once: either may win, both name a failed rank
             self.ctl[_WHY] = why
             self.ctl[_FAILED] = rank
+
+    def _outside(self, outside, expired: bool) -> bool:
+        try:
+            return outside(expired)
+        except PeerError as error:
+            self.abandon(error)
+            raise
+
+    def abandon(self, error: PeerError) -> None:
+        """This rank met ``error`` on another engine (a rank of another host failed): record
+        its rank in the segment, so this host's ranks name it too, and fail from now on."""
+        if error.peer is not None and error.peer not in self.ranks:
+            self._record(error.peer, _REMOTE)
+        self.failure = error
+        _remove(self.name)
 
     def _fail(self, error: PeerError) -> None:
         self.failure = error
@@ -439,12 +480,15 @@ class SharedGroup:
             return False
         return _start_time(int(ctl[self._rank_word(r, _PID)])) == int(ctl[self._rank_word(r, _START)])
 
-    def _end_of_chain(self, peer: int) -> int:
-        """Follow who waits for whom from ``peer``: the last rank is the one holding all up."""
+    def _end_of_chain(self, peer: int) -> int | None:
+        """Follow who waits for whom from ``peer``: the last rank is the one holding all up
+        (None: a rank waiting for another host, where this host cannot see)."""
         seen = {self.rank}
         while peer not in seen:
             seen.add(peer)
             nxt = int(self.ctl[self._rank_word(peer, _BLOCKED)])
+            if nxt == _ACROSS:
+                return None
             if nxt < 0:
                 return peer
             peer = nxt
@@ -459,7 +503,7 @@ class SharedGroup:
 
 # --- setting a group up ---------------------------------------------------------------------
 
-_GROUPS: dict = {}             # id(process group) -> (process group, SharedGroup or the reason why not)
+_GROUPS: dict = {}             # (id(process group), whole group?) -> (process group, SharedGroup or why not)
 _GROUPS_LIMIT = 16             # groups remembered; the oldest is closed beyond
 _GROUPS_LOCK = threading.Lock()
 _setups: dict[str, int] = {}
@@ -507,9 +551,10 @@ def _open(name: str, size: int) -> mmap.mmap:
     return mm
 
 
-def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup | str:
-    """Every rank of the group, together: same host? one segment all can map? Returns the
-    group, or why not (the same answer on every rank)."""
+def _setup(store, key: str, rank: int, size: int, timeout: float, ranks: list[int]) -> SharedGroup | str:
+    """Every rank of one host's part of a group (``ranks``: their ranks in the group; ``rank``
+    and ``size`` local), together: one segment all can map? Returns the ``SharedGroup``, or
+    why not (the same answer on every rank)."""
     _setups[key] = n = _setups.get(key, 0) + 1
     prefix = f"gradsync/shm/{key}/{n}"
     wait = datetime.timedelta(seconds=timeout)
@@ -520,15 +565,8 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
             store.wait(keys, wait)
             return [store.get(k).decode() for k in keys]
         except Exception:          # a rank never came (or rank 0, the store's host, died)
-            raise _absent(store, keys, rank) from None
+            raise _absent(store, keys, ranks[rank], ranks) from None
 
-    try:
-        store.set(f"{prefix}/host/{rank}", socket.gethostname())
-    except Exception:
-        raise _absent(store, [], rank) from None
-    hosts = everyone("host")
-    if len(set(hosts)) > 1:
-        return f"the ranks run on {len(set(hosts))} hosts ({', '.join(sorted(set(hosts)))})"
     mm, name, problem, bells = None, "", "", []
     try:
         if rank == 0:
@@ -536,7 +574,7 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
             name, mm = _create(size)
             store.set(f"{prefix}/name", name)
         else:
-            name = _segment_name(store, f"{prefix}/name", wait, rank)
+            name = _segment_name(store, f"{prefix}/name", wait, ranks[rank], ranks[0])
             if name.startswith("!"):
                 raise OSError(name[1:])
             mm = _open(name, size)
@@ -547,7 +585,7 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
         ctl[_HEADER + _RANK_WORDS * rank + _PID] = os.getpid()
         del ctl
     except (OSError, ValueError) as exc:
-        problem = str(exc) if name.startswith("!") else f"rank {rank} could not map the segment: {exc}"
+        problem = str(exc) if name.startswith("!") else f"rank {ranks[rank]} could not map the segment: {exc}"
         if rank == 0:
             store.set(f"{prefix}/name", "!" + problem)
     reports = []
@@ -562,7 +600,7 @@ def _setup(store, key: str, rank: int, size: int, timeout: float) -> SharedGroup
         for fd in bells:
             os.close(fd)
         return problems[0]
-    return SharedGroup(rank, size, mm, name, bells)
+    return SharedGroup(rank, size, mm, name, bells, ranks)
 
 
 def _remove(name: str) -> None:
@@ -574,13 +612,14 @@ def _remove(name: str) -> None:
     shutil.rmtree(os.path.join(SHM_DIR, name + BELLS), ignore_errors=True)
 
 
-def _absent(store, keys: list[str], rank: int) -> PeerError:
-    """The PeerError of a set-up some rank never joined: the first whose key is missing."""
+def _absent(store, keys: list[str], rank: int, ranks: list[int]) -> PeerError:
+    """The PeerError of a set-up some rank never joined: the first whose key is missing
+    (``rank`` and the missing named by their ranks in the group)."""
     try:
-        missing = [int(k.rsplit("/", 1)[1]) for k in keys if not store.check([k])]
+        missing = [ranks[int(k.rsplit("/", 1)[1])] for k in keys if not store.check([k])]
     except Exception:
         missing = None
-    if missing is None or (not keys and rank != 0):
+    if missing is None:
         return PeerError(f"rank {rank}: rank 0 is unreachable (it hosts the rendezvous store) while setting up "
                          f"shared memory", peer=0, op="setup")
     peer = missing[0] if missing else None
@@ -588,14 +627,14 @@ def _absent(store, keys: list[str], rank: int) -> PeerError:
                      peer=peer, op="setup")
 
 
-def _segment_name(store, key: str, wait, rank: int) -> str:
-    """The segment's name, which rank 0 publishes once every rank has said where it runs."""
+def _segment_name(store, key: str, wait, rank: int, creator: int) -> str:
+    """The segment's name, which its creator (the host's first rank) publishes."""
     try:
         store.wait([key], wait)
         return store.get(key).decode()
     except Exception:
-        raise PeerError(f"rank {rank}: rank 0 did not publish the shared-memory segment before the timeout",
-                        peer=0, op="setup") from None
+        raise PeerError(f"rank {rank}: rank {creator} did not publish the shared-memory segment before the "
+                        f"timeout", peer=creator, op="setup") from None
 
 
 def shared_group(group=None, timeout: float = 60.0) -> SharedGroup | str:
@@ -605,19 +644,44 @@ def shared_group(group=None, timeout: float = 60.0) -> SharedGroup | str:
     Example, in each rank after ``dist.init_process_group``: ``shared_group()`` is a
     ``SharedGroup`` when all ranks run on this host.
     """
+    return _cached(group, True, timeout)
+
+
+def host_group(group=None, timeout: float = 60.0) -> SharedGroup | str:
+    """The ``SharedGroup`` of the ranks of ``group`` that run on this rank's host (set up on
+    first use, by every rank of the group together, each host its own segment), or a sentence
+    saying why not (this rank alone on its host, or a segment that could not be shared).
+
+    Example, in each rank of a group of 2 hosts x 2 ranks: ``host_group().ranks`` is [0, 1]
+    on the first host and [2, 3] on the second.
+    """
+    return _cached(group, False, timeout)
+
+
+def _cached(group, whole: bool, timeout: float) -> SharedGroup | str:
     import torch.distributed as dist
 
+    from ..hosts import host_map
     from .distributed import group_name
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     with _GROUPS_LOCK:
-        entry = _GROUPS.get(id(pg))
+        entry = _GROUPS.get((id(pg), whole))
         if entry is not None and entry[0] is pg:
             return entry[1]
+    found = host_map(group, timeout)
+    rank, size, key = dist.get_rank(group), dist.get_world_size(group), group_name(group)
+    members = list(range(size)) if whole else found.ranks_on(found.host[rank])
     store = dist.distributed_c10d._get_default_store()
-    result = _setup(store, group_name(group), dist.get_rank(group), dist.get_world_size(group), timeout)
+    if whole and found.hosts > 1:
+        result = f"the ranks run on {found.hosts} hosts ({', '.join(found.names)})"
+    elif len(members) == 1:
+        result = f"rank {rank} is alone on its host"
+    else:
+        result = _setup(store, key if whole else f"{key}@{found.host[rank]}", members.index(rank), len(members),
+                        timeout, members)
     with _GROUPS_LOCK:
-        _GROUPS[id(pg)] = (pg, result)
+        _GROUPS[(id(pg), whole)] = (pg, result)
         while len(_GROUPS) > _GROUPS_LIMIT:
             _, old = _GROUPS.pop(next(iter(_GROUPS)))
             if isinstance(old, SharedGroup):
@@ -649,7 +713,7 @@ class ShmTransport:
             shared = shared_group(group, timeout)
         if isinstance(shared, str):
             raise ConfigError(f"transport 'shm' needs every rank on one host, sharing one segment: {shared}")
-        self.shared, self.rank, self.size = shared, shared.rank, shared.size
+        self.shared, self.rank, self.size, self.group = shared, shared.rank, shared.size, group
         key = group_name(group)
         self.group_key = f"torch/{key}"            # the same progress engine as Gloo's on this group
         self.failure_key = f"gradsync/failure/{key}"

@@ -1,0 +1,200 @@
+"""Which ranks of a group share a host, learned through the group itself.
+
+Each rank describes its host by an identity: the host name, the kernel's boot id (two machines
+cloned with one name differ there) and the device and inode of /dev/shm (two containers of one
+machine with private /dev/shm mounts differ there, and cannot share segments). The ranks
+exchange a digest of it, fixed-size bytes through the group's rendezvous store (never pickled
+objects), once per group. ``GRADSYNC_HOST`` overrides the identity: ranks that set the same
+value count as one host and ranks with different values as different hosts, whatever the
+machine (how tests and benchmarks emulate several machines on one).
+
+What reads it: the transport ``"auto"`` (shared memory when all ranks share one host, shared
+memory inside each host and the engine across when the group spans hosts) and the hierarchical
+all-reduce's ``local_size`` when no launcher says how many ranks share a machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+from ..errors import PeerError
+from .launch import launcher_local_size
+
+OVERRIDE = "GRADSYNC_HOST"
+IDENTITY_BYTES = 96             # 32 hex digits of digest, a space, the host name (cut, padded)
+log = logging.getLogger("gradsync")
+
+
+def identity() -> bytes:
+    """This process's host identity, IDENTITY_BYTES long: a digest of host name, boot id and
+    /dev/shm's device, then the host name for messages (``GRADSYNC_HOST`` replaces both).
+
+    >>> len(identity()) == IDENTITY_BYTES
+    True
+    """
+    override = os.environ.get(OVERRIDE, "")
+    name = override or socket.gethostname()
+    if override:
+        key = "override\0" + override
+    else:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+        except OSError:
+            boot = ""
+        try:
+            st = os.stat("/dev/shm")
+            shm = f"{st.st_dev}:{st.st_ino}"
+        except OSError:
+            shm = ""
+        key = "\0".join((name, boot, shm))
+    text = hashlib.sha256(key.encode()).hexdigest()[:32] + " " + name
+    return text.encode()[:IDENTITY_BYTES].ljust(IDENTITY_BYTES, b"\0")
+
+
+@dataclass(frozen=True)
+class HostMap:
+    """Where a group's ranks run: ``host[r]`` is rank r's host index (hosts numbered in the
+    order of their first rank), ``names[h]`` host h's name.
+
+    >>> m = HostMap((0, 0, 1, 1), ("a", "b"))
+    >>> m.hosts, m.ranks_on(1), m.local_size()
+    (2, [2, 3], 2)
+    """
+
+    host: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @property
+    def hosts(self) -> int:
+        return len(self.names)
+
+    def ranks_on(self, h: int) -> list[int]:
+        """The ranks on host ``h``, in order."""
+        return [r for r, x in enumerate(self.host) if x == h]
+
+    def shared(self) -> bool:
+        """Whether some host holds two ranks or more (something to share memory between)."""
+        return len(self.host) > self.hosts
+
+    def local_size(self) -> int | None:
+        """Ranks per host when every host holds the same number of consecutive ranks (the
+        hierarchical all-reduce's grouping), else None (``why_not`` says why)."""
+        return None if self.why_not() else len(self.host) // self.hosts
+
+    def why_not(self) -> str:
+        """Why the ranks are not grouped as consecutive equal blocks per host ("" if they are)."""
+        sizes = [len(self.ranks_on(h)) for h in range(self.hosts)]
+        if len(set(sizes)) > 1:
+            return "hosts hold different numbers of ranks (" + ", ".join(
+                f"{self.names[h]}: {n}" for h, n in enumerate(sizes)) + ")"
+        size = sizes[0]
+        for r, h in enumerate(self.host):
+            if h != r // size:
+                return (f"rank {r} runs on {self.names[h]} but the ranks of one host are not consecutive "
+                        f"(host of each rank: {list(self.host)})")
+        return ""
+
+
+def from_identities(identities: list[bytes]) -> HostMap:
+    """The ``HostMap`` of the ranks' identities, by rank.
+
+    >>> from_identities([b"x1 a", b"y2 b", b"x1 a"]).host
+    (0, 1, 0)
+    """
+    index: dict[str, int] = {}
+    names: list[str] = []
+    host = []
+    for raw in identities:
+        digest, _, name = raw.rstrip(b"\0").decode(errors="replace").partition(" ")
+        if digest not in index:
+            index[digest] = len(names)
+            names.append(name or digest)
+        host.append(index[digest])
+    return HostMap(tuple(host), tuple(names))
+
+
+_MAPS: dict = {}               # id(process group) -> (process group, HostMap)
+_MAPS_LIMIT = 64               # groups remembered; the oldest is forgotten beyond
+_MAPS_LOCK = threading.Lock()
+_exchanges: dict[str, int] = {}
+
+
+def host_map(group=None, timeout: float = 60.0) -> HostMap:
+    """Where the ranks of a torch.distributed ``group`` run, exchanged once per group through
+    its rendezvous store (every rank calls it: the first call of each waits for all). A rank
+    that never comes is a ``PeerError`` naming it after ``timeout`` seconds.
+
+    Example, in each rank after ``dist.init_process_group``: ``host_map().hosts`` is 1 when all
+    ranks run on this machine.
+    """
+    import torch.distributed as dist
+
+    from .transport.distributed import group_name
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    with _MAPS_LOCK:
+        entry = _MAPS.get(id(pg))
+        if entry is not None and entry[0] is pg:
+            return entry[1]
+    rank, size, name = dist.get_rank(group), dist.get_world_size(group), group_name(group)
+    store = dist.distributed_c10d._get_default_store()
+    _exchanges[name] = n = _exchanges.get(name, 0) + 1
+    keys = [f"gradsync/hosts/{name}/{n}/{r}" for r in range(size)]
+    try:
+        store.set(keys[rank], identity())
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+        found = from_identities([store.get(k) for k in keys])
+    except Exception:           # a rank never came, or rank 0 (the store's host) is gone
+        try:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        except Exception:
+            raise PeerError(f"rank {rank}: rank 0 is unreachable (it hosts the rendezvous store) while the ranks "
+                            f"compared hosts", peer=0, op="setup") from None
+        raise PeerError(f"rank {rank}: rank(s) {missing} did not say which host they run on before the timeout",
+                        peer=missing[0] if missing else None, op="setup") from None
+    with _MAPS_LOCK:
+        _MAPS[id(pg)] = (pg, found)
+        while len(_MAPS) > _MAPS_LIMIT:
+            _MAPS.pop(next(iter(_MAPS)))
+    return found
+
+
+_warned: set = set()          # reasons already logged (this module's; at most _WARNED_LIMIT kept)
+_WARNED_LIMIT = 64
+
+
+def local_size(workers: int, group=None, timeout: float = 60.0) -> int:
+    """Ranks per machine for algorithms that group by machine: what the launcher says
+    (``launch.launcher_local_size``), else learned from the group (``host_map``). Ranks not
+    placed in consecutive equal blocks per host count as one machine each (a warning says
+    why). ``group=False``: no group to ask (MPI, threads): one machine.
+
+    Example, in each rank of a 4-rank group on 2 hosts started without a launcher:
+    ``local_size(4)`` is 2.
+    """
+    said = launcher_local_size(workers)
+    if said is not None:
+        return said
+    if group is False:
+        return workers
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return workers
+    found = host_map(group, timeout)
+    size = found.local_size()
+    if size is None:
+        why = found.why_not()
+        if why not in _warned:
+            if len(_warned) < _WARNED_LIMIT:
+                _warned.add(why)
+            log.warning("gradsync: grouping by machine as one machine per rank: %s", why)
+        return 1
+    return size
