@@ -363,20 +363,26 @@ def machines_worker(rank: int, workers: int, repeats: int, local: int) -> dict |
 
 def calibrate_launched(repeats: int = 10) -> dict | None:
     """Calibrate as this process's rank of a job torchrun (mpirun, srun) started: the links
-    inside and between machines apart when the job spans several machines of several ranks,
-    else one level as ``calibrate`` fits it. Rank 0 returns the fit, the others None.
+    inside and between machines apart when the job spans several machines of several ranks
+    (as the launcher says, or as the ranks learn from each other's hosts), else one level as
+    ``calibrate`` fits it. Rank 0 returns the fit, the others None.
 
     Example, on each machine: ``torchrun --nnodes 2 --nproc-per-node 4 ... -m gradsync calibrate``.
     """
-    from .launch import as_launched, launched, local_size
+    from .launch import as_launched
 
-    world = launched()["world"]
+    result, _, _ = as_launched(_calibrate_job, repeats, timeout=600.0)
+    return result
+
+
+def _calibrate_job(rank: int, world: int, repeats: int) -> dict | None:
+    from .hosts import local_size
+
     local = local_size(world)
     if 1 < local < world:
-        fits, rank, _ = as_launched(machines_worker, repeats, local, timeout=600.0)
-        return fits if rank == 0 else None
-    raw, rank, _ = as_launched(worker, repeats, timeout=600.0)
-    return fit_launches(world, [raw]) if rank == 0 else None
+        return machines_worker(rank, world, repeats, local)
+    raw = worker(rank, world, repeats)
+    return None if raw is None else fit_launches(world, [raw])
 
 
 def machines_topology_dict(fits: dict, name: str = "calibrated") -> dict:
