@@ -9,8 +9,15 @@ Per step the sync time is the time from a bucket's all-reduce start to its compl
 Methods: ring and native (Gloo's all_reduce, through DDP's default hook), CERAR (c = 1.5N, 2N),
 and over the ring: fp16, bf16, powersgd (r = 1, 4), topk (1%), sign.
 
+Stragglers (--straggler): ``link:25Mbit`` shapes the last worker's link (both directions) to
+that rate; ``sleep:50`` makes the last worker sleep 50 ms in every step before its forward
+pass (a slow machine); ``random:20`` makes every worker sleep an exponentially distributed
+time of mean 20 ms in every step (seeded by seed, rank and step: the same delays for every
+method), so the slowest worker changes from step to step.
+
 Usage (root for --link): python experiments/compression_time_to_accuracy.py [--link 100Mbit]
-    [--workers 4] [--epochs 10] [--seeds 0,1,2] [--model cnn|wide] [--methods ring,fp16,...] [--report]
+    [--workers 4] [--epochs 10] [--seeds 0,1,2] [--model cnn|wide] [--methods ring,fp16,...]
+    [--straggler link:RATE|sleep:MS|random:MS] [--report]
 Writes docs/compression_results.json (merged by link, workers and seed), the figures
 docs/figures/compression_tta_<link>_n<N>.png, and the section of docs/experiments.md between
 its markers.
@@ -22,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -60,7 +68,33 @@ def build(model: str, seed: int):
                                torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
 
 
-def worker(rank, workers, method, epochs, seed, model_name="cnn"):
+def parse_straggler(text):
+    """``"sleep:50"`` -> ("sleep", 50.0); ``"link:25Mbit"`` -> ("link", "25Mbit"); None stays None."""
+    if not text:
+        return None
+    kind, _, value = text.partition(":")
+    if kind in ("sleep", "random"):
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if ms > 0:
+            return kind, ms
+    elif kind == "link" and value:
+        return kind, value
+    raise SystemExit(f"error: --straggler must be link:RATE, sleep:MS or random:MS with MS > 0, got {text!r}")
+
+
+def delays(straggler, rank, workers, seed, steps):
+    """Seconds each step of this rank sleeps before its forward pass (zeros without a compute straggler)."""
+    if straggler is None or straggler[0] == "link":
+        return np.zeros(steps)
+    if straggler[0] == "sleep":
+        return np.full(steps, straggler[1] / 1e3 if rank == workers - 1 else 0.0)
+    return np.random.default_rng([seed, rank]).exponential(straggler[1] / 1e3, steps)
+
+
+def worker(rank, workers, method, epochs, seed, model_name="cnn", straggler=None):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
@@ -84,6 +118,7 @@ def worker(rank, workers, method, epochs, seed, model_name="cnn"):
     ddp.register_comm_hook(None, timed)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     points, clock, step, syncs = [], 0.0, 0, []
+    sleeps = delays(straggler, rank, workers, seed, epochs * (len(split.y_train) // 64 + 1))
 
     def evaluate():
         with torch.no_grad():
@@ -97,6 +132,8 @@ def worker(rank, workers, method, epochs, seed, model_name="cnn"):
             idx = data.shard(batch, rank, workers)
             sync[0] = 0.0
             start = time.perf_counter()
+            if sleeps[step]:
+                time.sleep(sleeps[step])
             optimizer.zero_grad()
             F.cross_entropy(ddp(split.x_train[idx]), split.y_train[idx]).backward()
             optimizer.step()
@@ -119,8 +156,14 @@ def summary(result):
             "final_accuracy": result["points"][-1]["accuracy"], "total_s": result["points"][-1]["time_s"]}
 
 
-def predicted_sync(method, workers, elements, link, model="cnn"):
-    """The simulator's sync time for one step's single bucket (ethernet preset at the link)."""
+def predicted_sync(method, workers, elements, link, model="cnn", straggler=None):
+    """The simulator's sync time for one step's single bucket (ethernet preset at the link; a
+    slow link's rate if there is one, since every round of these ring schedules crosses it);
+    None under a compute straggler, whose sleep the sync absorbs."""
+    if straggler is not None:
+        if straggler[0] != "link":
+            return None
+        link = straggler[1]
     from gradsync import algorithms
     from gradsync.simulate import simulate
     from gradsync.topology import preset
@@ -171,11 +214,13 @@ def report(stored) -> str:
     """Markdown tables from the stored runs: per link and N, medians over the seeds that ran."""
     groups = {}
     for key, rows in stored.items():
-        link, n, seed, *model = key.split("/")
-        groups.setdefault((model[0] if model else "cnn", link, n), []).append(rows)
+        link, n, seed, *rest = key.split("/")
+        groups.setdefault((rest[0] if rest else "cnn", link, n, rest[1] if len(rest) > 1 else ""), []).append(rows)
     lines = []
-    for (model, link, n), runs in sorted(groups.items()):
-        lines += [f"### {MODELS[model]}, {link}, N = {n[1:]}: medians over {len(runs)} seed(s)", "",
+    for (model, link, n, straggler), runs in sorted(groups.items(), key=lambda g: (g[0][0], g[0][3], g[0][1],
+                                                                                   int(g[0][2][1:]))):
+        lines += [f"### {MODELS[model]}, {link}, N = {n[1:]}{', straggler ' + straggler if straggler else ''}: "
+                  f"medians over {len(runs)} seed(s)", "",
                   "| method | time to 95% | steps to 95% | final accuracy | training time | sync per step "
                   "| predicted sync | predicted / measured |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -190,7 +235,7 @@ def report(stored) -> str:
                          f"{f' ({reached}/{len(rs)} reached)' if 0 < reached < len(rs) else ''} | "
                          f"{f'{st:g}' if st is not None else '-'} | "
                          f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
-                         f"{sync * 1e3:.2f} ms | {pred * 1e3:.2f} ms | {pred / sync:.2f} |")
+                         f"{sync * 1e3:.2f} ms | " + (f"{pred * 1e3:.2f} ms | {pred / sync:.2f} |" if pred else "- | - |"))
         lines.append("")
     return "\n".join(lines)
 
@@ -214,15 +259,20 @@ def main():
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--methods", default=None)
     ap.add_argument("--model", choices=["cnn", "wide"], default="cnn")
+    ap.add_argument("--straggler", default=None, help="link:RATE, sleep:MS or random:MS (see above)")
     ap.add_argument("--report", action="store_true", help="only rewrite the tables from the stored results")
     args = ap.parse_args()
+    straggler = parse_straggler(args.straggler)
+    if straggler and straggler[0] == "link" and not args.link:
+        raise SystemExit("error: --straggler link:RATE needs --link (the others' rate)")
     if args.report:                  # predictions again, at the codec rates measured now
         stored = json.loads(RESULTS.read_text())
         for key, rows in stored.items():
-            link, n, _, *model = key.split("/")
+            link, n, _, *rest = key.split("/")
             for name, r in rows.items():
                 r["predicted_sync_s"] = predicted_sync(name, int(n[1:]), r["elements"],
-                                                       None if link == "loopback" else link, (model or ["cnn"])[0])
+                                                       None if link == "loopback" else link, (rest or ["cnn"])[0],
+                                                       parse_straggler(rest[1] if len(rest) > 1 else None))
         RESULTS.write_text(json.dumps(stored, indent=1))
         write_report(stored)
         return
@@ -230,7 +280,8 @@ def main():
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     link = args.link or "loopback"
     for seed in map(int, args.seeds.split(",")):
-        key = f"{link}/n{args.workers}/seed{seed}" + ("" if args.model == "cnn" else f"/{args.model}")
+        key = f"{link}/n{args.workers}/seed{seed}" + ("" if args.model == "cnn" and not straggler else
+                                                      f"/{args.model}") + (f"/{args.straggler}" if straggler else "")
         rows = stored.setdefault(key, {})
         if args.link:
             from gradsync.runtime.links import SlowLinks
@@ -240,26 +291,31 @@ def main():
         try:
             if network is not None:
                 network.__enter__()
+                if straggler and straggler[0] == "link":
+                    network.set_rate(args.workers - 1, straggler[1])
             for name in names:
                 t0 = time.time()
-                result = run(worker, args.workers, name, args.epochs, seed, args.model, network=network,
-                             timeout=1800)[0]
+                result = run(worker, args.workers, name, args.epochs, seed, args.model, straggler,
+                             network=network, timeout=1800)[0]
                 result.update(summary(result))
                 result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link,
-                                                            args.model)
+                                                            args.model, straggler)
                 rows[name] = result
+                pred = result["predicted_sync_s"]
                 print(f"{key} {name}: {result['time_to_target_s']} s to {TARGET}, final "
                       f"{result['final_accuracy']:.3f}, sync/step {result['sync_s_median'] * 1e3:.2f} ms "
-                      f"(predicted {result['predicted_sync_s'] * 1e3:.2f} ms), ran {time.time() - t0:.0f} s",
+                      f"(predicted {pred * 1e3 if pred else float('nan'):.2f} ms), ran {time.time() - t0:.0f} s",
                       flush=True)
                 RESULTS.write_text(json.dumps(stored, indent=1))
         finally:
             if network is not None:
                 network.__exit__(None, None, None)
         (DOCS / "figures").mkdir(exist_ok=True)
+        tag = (args.straggler or "").replace(":", "_")
         plot(rows, DOCS / "figures" / f"compression_tta_{link}_n{args.workers}"
-             f"{'' if args.model == 'cnn' else '_' + args.model}.png",
-             f"{MODELS[args.model]}, {args.workers} workers, {link} links, seed {seed}")
+             f"{'' if args.model == 'cnn' else '_' + args.model}{'_' + tag if tag else ''}.png",
+             f"{MODELS[args.model]}, {args.workers} workers, {link} links"
+             f"{', straggler ' + args.straggler if straggler else ''}, seed {seed}")
     write_report(stored)
     print(f"results in {RESULTS}; tables in docs/experiments.md")
 
