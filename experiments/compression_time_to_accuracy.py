@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gradsync.compression import make
-from gradsync.compression.predict import predict
+from gradsync.compression.predict import collective_overhead, measure_overhead, predict
 from gradsync.runtime.launch import run
 from gradsync.torch import comm_hook
 from gradsync.training import data, models
@@ -144,9 +144,10 @@ def worker(rank, workers, method, epochs, seed, model_name="cnn", straggler=None
                 evaluate()
     if step % EVAL_EVERY:
         evaluate()
+    overhead = measure_overhead()          # the runtime's fixed cost per collective, in these workers
     elements = sum(p.numel() for p in model.parameters())
     return {"points": points, "sync_s_median": statistics.median(syncs), "steps": step,
-            "elements": elements} if rank == 0 else None
+            "elements": elements, "overhead": overhead} if rank == 0 else None
 
 
 def summary(result):
@@ -156,10 +157,12 @@ def summary(result):
             "final_accuracy": result["points"][-1]["accuracy"], "total_s": result["points"][-1]["time_s"]}
 
 
-def predicted_sync(method, workers, elements, link, model="cnn", straggler=None):
+def predicted_sync(method, workers, elements, link, model="cnn", straggler=None, overhead=None):
     """The simulator's sync time for one step's single bucket (ethernet preset at the link; a
-    slow link's rate if there is one, since every round of these ring schedules crosses it);
-    None under a compute straggler, whose sleep the sync absorbs."""
+    slow link's rate if there is one, since every round of these ring schedules crosses it),
+    for a codec plus its compute and the runtime's fixed cost of its collectives (``overhead``
+    as ``measure_overhead`` gives it); None under a compute straggler, whose sleep the sync
+    absorbs."""
     if straggler is not None:
         if straggler[0] != "link":
             return None
@@ -175,7 +178,7 @@ def predicted_sync(method, workers, elements, link, model="cnn", straggler=None)
         return simulate(algorithms.build(name, workers, elements, **options), topo, 4).time
     codec = make(chosen[1])        # told the CNN's tensors, as the DDP hook tells it (one bucket)
     codec.layout(0, [p.shape for p in reversed(list(build(model, 0).parameters()))])
-    return predict(codec, chosen[0], topo, elements, workers, key=0)["time_s"]
+    return predict(codec, chosen[0], topo, elements, workers, key=0, overhead=overhead)["time_s"]
 
 
 def plot(rows, path, title):
@@ -269,10 +272,11 @@ def main():
         stored = json.loads(RESULTS.read_text())
         for key, rows in stored.items():
             link, n, _, *rest = key.split("/")
-            for name, r in rows.items():
+            for name, r in rows.items():      # runs before the overhead was kept: measured now
+                overhead = r.get("overhead") or collective_overhead(int(n[1:]))
                 r["predicted_sync_s"] = predicted_sync(name, int(n[1:]), r["elements"],
                                                        None if link == "loopback" else link, (rest or ["cnn"])[0],
-                                                       parse_straggler(rest[1] if len(rest) > 1 else None))
+                                                       parse_straggler(rest[1] if len(rest) > 1 else None), overhead)
         RESULTS.write_text(json.dumps(stored, indent=1))
         write_report(stored)
         return
@@ -299,7 +303,7 @@ def main():
                              network=network, timeout=1800)[0]
                 result.update(summary(result))
                 result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link,
-                                                            args.model, straggler)
+                                                            args.model, straggler, result["overhead"])
                 rows[name] = result
                 pred = result["predicted_sync_s"]
                 print(f"{key} {name}: {result['time_to_target_s']} s to {TARGET}, final "
