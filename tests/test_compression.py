@@ -208,6 +208,25 @@ def test_error_feedback_keeps_the_accumulated_error_bounded(rng, spec):
     assert with_ef[-1] < without[-1] / 2
 
 
+def test_fp16_packets_over_cerar_match_a_numpy_run_and_are_refused_by_default():
+    from gradsync.coding import cerar
+    from gradsync.runtime.compressed import emulate
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2048, generator=g) for _ in range(4)]
+    exact = torch.stack(xs).double().sum(0)
+    # c = 8 > N = 4: 1.25 of the gradient per worker in float16, against the fp16 ring's 1.5
+    out = emulate("fp16", xs, "cerar", components=8, eps=0.01, max_error=0.5).double().numpy()
+    design = cerar.make(4, 8, eps=0.01, dtype="float16", max_error=None)
+    ref = cerar.emulate(design, (torch.stack(xs) / 4).half().numpy())[0].astype(np.float64) * 4
+    assert np.abs(out - ref).max() <= 1e-3 * np.abs(ref).max()
+    error = np.linalg.norm(out - exact.numpy()) / np.linalg.norm(exact.numpy())
+    assert 2**-11 < error < 0.03       # far above fp16's rounding, at most a few percent
+    with pytest.raises(ConfigError, match="in float16, above max_error = 0.01; the largest c that meets it "
+                                          "for N = 4 in float16 is 4"):
+        emulate("fp16", xs, "cerar", components=8)
+
+
 def test_gather_places_each_worker_in_its_ring_segment():
     offsets = gather_offsets(4, 3)
     assert sorted(offsets.tolist()) == [0, 3, 6, 9]
