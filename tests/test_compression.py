@@ -15,9 +15,10 @@ from gradsync.runtime.compressed import CompressedAllReduce, TransportExchange, 
 from gradsync.runtime.transport import MemoryTransport
 
 
-def run_steps(steps, spec, algorithm="ring", op="sum", **options):
+def run_steps(steps, spec, algorithm="ring", op="sum", traces=None, **options):
     """Each rank's result per step: ``steps[t][r]`` is rank r's input at step t; every rank has
-    its own codec (its own error feedback), as separate processes would."""
+    its own codec (its own error feedback), as separate processes would. ``traces``: one
+    ``Trace`` per rank to record in."""
     workers = len(steps[0])
     transports = MemoryTransport.group(workers, seed=7)
     codecs = [compression.make(spec) for _ in range(workers)]
@@ -27,7 +28,8 @@ def run_steps(steps, spec, algorithm="ring", op="sum", **options):
         try:
             for t, inputs in enumerate(steps):
                 x = inputs[r].clone()
-                exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 20)
+                exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 20,
+                                             trace=traces[r] if traces else None)
                 CompressedAllReduce(x, codecs[r], exchange, op, key="bucket").start(inline=True).wait()
                 out[t][r] = x
         except Exception as exc:        # noqa: BLE001 - reported to the test
@@ -225,6 +227,24 @@ def test_fp16_packets_over_cerar_match_a_numpy_run_and_are_refused_by_default():
     with pytest.raises(ConfigError, match="in float16, above max_error = 0.01; the largest c that meets it "
                                           "for N = 4 in float16 is 4"):
         emulate("fp16", xs, "cerar", components=8)
+
+
+@pytest.mark.parametrize("spec,collectives", [
+    ("powersgd:rank=1", [("ring", 32 * 4), ("ring", 32 * 4)]),     # P then Q of a 32 x 32 matrix, rank 1
+    ("sign", [("ring_all_gather", 3 * (1024 // 8 + 4))]),                   # 3 workers' bits and scale
+])
+def test_a_trace_records_each_collective_of_a_codec(rng, spec, collectives):
+    from gradsync.runtime.tracing import Trace
+
+    traces = [Trace() for _ in range(3)]
+    steps = gradients(rng, 3, 1024, steps=2)
+    run_steps(steps, spec, traces=traces)
+    for trace in traces:
+        doc = trace.to_dict()
+        recorded = [(e["args"]["algorithm"], e["args"]["bytes"]) for e in doc["traceEvents"]
+                    if e.get("cat") == "collective"]
+        assert recorded == collectives * len(steps)
+        assert sum(e.get("cat") == "transfer" for e in doc["traceEvents"]) > 0
 
 
 def test_gather_places_each_worker_in_its_ring_segment():

@@ -889,8 +889,6 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
         _writable(trace_path, "--trace")
         if elastic:
             raise click.UsageError("--elastic does not combine with --trace")
-        if codec is not None:
-            raise click.UsageError("--trace does not record compressed all-reduces yet")
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
                       transport=transport, compression=codec)
     cfg.check(workers)
