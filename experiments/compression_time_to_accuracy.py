@@ -118,7 +118,7 @@ def delays(straggler, rank, workers, seed, steps):
     return np.random.default_rng([seed, rank]).exponential(straggler[1] / 1e3, steps)
 
 
-def worker(rank, workers, method, epochs, seed, model_name="cnn", straggler=None):
+def worker(rank, workers, method, epochs, seed, model_name="cnn", straggler=None, chosen=None):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
@@ -126,7 +126,7 @@ def worker(rank, workers, method, epochs, seed, model_name="cnn", straggler=None
     split = data.digits(seed)
     model = build(model_name, seed)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25)
-    chosen = chosen_method(method, workers)
+    chosen = chosen_method(method, workers) if chosen is None else chosen   # the parent's: eps searched once
     inner = allreduce_hook if chosen is None else comm_hook(chosen[0], compression=chosen[1], **chosen[2])
     sync = [0.0]
 
@@ -324,7 +324,7 @@ def main():
             for name in names:
                 t0 = time.time()
                 result = run(worker, args.workers, name, args.epochs, seed, args.model, straggler,
-                             network=network, timeout=1800)[0]
+                             chosen_method(name, args.workers), network=network, timeout=1800)[0]
                 result.update(summary(result))
                 result["predicted_sync_s"] = predicted_sync(name, args.workers, result["elements"], args.link,
                                                             args.model, straggler, result["overhead"])
