@@ -264,7 +264,38 @@ def report(stored) -> str:
                          f"{_median([r['final_accuracy'] for r in rs]):.3f} | {_median([r['total_s'] for r in rs]):.2f} s | "
                          f"{sync * 1e3:.2f} ms | " + (f"{pred * 1e3:.2f} ms | {pred / sync:.2f} |" if pred else "- | - |"))
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + stragglers(stored))
+
+
+def stragglers(stored) -> list[str]:
+    """Per model, link and N with straggler runs: each method's time to 95% and sync per step
+    without a straggler and with each, over the seeds the straggler runs used."""
+    found = {}
+    for key in stored:
+        link, n, seed, *rest = key.split("/")
+        if len(rest) > 1:
+            found.setdefault((rest[0], link, n), {}).setdefault(rest[1], set()).add(seed)
+    lines = []
+    for (model, link, n), kinds in sorted(found.items()):
+        seeds = sorted(set.intersection(*kinds.values()))
+        columns = {"none": [stored.get(f"{link}/{n}/{s}" + ("" if model == "cnn" else f"/{model}"), {}) for s in seeds]}
+        columns.update({kind: [stored[f"{link}/{n}/{s}/{model}/{kind}"] for s in seeds] for kind in sorted(kinds)})
+        lines += [f"### Stragglers: {MODELS[model]}, {link}, N = {n[1:]}, seed(s) {', '.join(s[4:] for s in seeds)}: "
+                  "time to 95% (sync per step)", "",
+                  "| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        names = list(dict.fromkeys(name for runs in columns.values() for r in runs for name in r))
+        for name in names:
+            cells = []
+            for runs in columns.values():
+                rs = [r[name] for r in runs if name in r]
+                if not rs:
+                    cells.append("-")
+                    continue
+                t, sync = _median([r["time_to_target_s"] for r in rs]), _median([r["sync_s_median"] for r in rs])
+                cells.append(f"{f'{t:.1f} s' if t is not None else 'not reached'} ({sync * 1e3:.0f} ms)")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def write_report(stored):
