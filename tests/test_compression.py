@@ -347,21 +347,26 @@ def test_prediction_is_the_simulated_wire_plus_codec_time():
     assert power["bytes"] == pytest.approx(2 * 3 / 4 * 2 * 1024 * 4)
 
 
-def test_the_runtime_fixed_cost_is_added_per_collective_and_round():
+def test_the_runtime_fixed_cost_is_counted_per_collective_and_round():
     from gradsync.compression.predict import fit_overhead, predict
     from gradsync.topology import preset
 
     # a ring all-reduce of N = 5: 8 rounds; its all-gather half: 4
     assert fit_overhead(5, 2.0 + 8 * 0.25, 2.0 + 4 * 0.25) == {"per_collective_s": 2.0, "per_round_s": 0.25}
     assert fit_overhead(5, 1.0, 3.0) == {"per_collective_s": 3.0, "per_round_s": 0.0}   # noise: never < 0
-    topo, n = preset("ethernet", workers=4, nic="100Mbit"), 1 << 16
     overhead = {"per_collective_s": 0.002, "per_round_s": 0.001}
+    fast, n = preset("ethernet", workers=4, nic="100Gbit"), 1 << 16          # wires far under 1 ms
     for codec, fixed in (("topk:ratio=0.01", 0.002 + 3 * 0.001),            # one all-gather, 3 rounds
                          ("powersgd:rank=1", 2 * (0.002 + 6 * 0.001))):      # two all-reduces of 6
-        bare, more = predict(codec, "ring", topo, n, rate=1e9), predict(codec, "ring", topo, n, rate=1e9,
+        bare, more = predict(codec, "ring", fast, n, rate=1e9), predict(codec, "ring", fast, n, rate=1e9,
                                                                         overhead=overhead)
         assert more["overhead_s"] == pytest.approx(fixed) and bare["overhead_s"] == 0
-        assert more["time_s"] == pytest.approx(bare["time_s"] + fixed)
+        assert bare["wire_s"] < fixed / 10
+        assert more["time_s"] == pytest.approx(n / 1e9 + fixed)          # the fixed cost, not the wire
+    # a slow wire hides it: fp16 of 4 MB at 100 Mbit/s takes its wire time either way
+    slow = preset("ethernet", workers=4, nic="100Mbit")
+    bare, more = (predict("fp16", "ring", slow, 1 << 20, rate=1e9, overhead=o) for o in (None, overhead))
+    assert more["time_s"] == bare["time_s"] == pytest.approx(bare["wire_s"] + (1 << 20) / 1e9)
 
 
 def test_one_step_error_orders_the_codecs():
