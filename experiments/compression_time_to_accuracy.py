@@ -205,6 +205,16 @@ def predicted_sync(method, workers, elements, link, model="cnn", straggler=None,
     return predict(codec, chosen[0], topo, elements, workers, chosen[2], key=0, overhead=overhead)["time_s"]
 
 
+def pooled_overhead(stored, n: str) -> dict:
+    """The median of the fixed costs measured in the workers of every run with N = ``n``
+    (``"n4"``), for the runs made before it was measured; measured now if none was."""
+    found = [r["overhead"] for key, rows in stored.items() if key.split("/")[1] == n
+             for r in rows.values() if r.get("overhead")]
+    if not found:
+        return collective_overhead(int(n[1:]))
+    return {k: statistics.median(o[k] for o in found) for k in ("per_collective_s", "per_round_s")}
+
+
 def plot(rows, path, title):
     import matplotlib
 
@@ -327,8 +337,8 @@ def main():
         stored = json.loads(RESULTS.read_text())
         for key, rows in stored.items():
             link, n, _, *rest = key.split("/")
-            for name, r in rows.items():      # runs before the overhead was kept: measured now
-                overhead = r.get("overhead") or collective_overhead(int(n[1:]))
+            for name, r in rows.items():      # runs before the overhead was kept: the others' median
+                overhead = r.get("overhead") or pooled_overhead(stored, n)
                 r["predicted_sync_s"] = predicted_sync(name, int(n[1:]), r["elements"],
                                                        None if link == "loopback" else link, (rest or ["cnn"])[0],
                                                        parse_straggler(rest[1] if len(rest) > 1 else None), overhead)
