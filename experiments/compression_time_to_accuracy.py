@@ -279,7 +279,8 @@ def report(stored) -> str:
 
 def stragglers(stored) -> list[str]:
     """Per model, link and N with straggler runs: each method's time to 95% and sync per step
-    without a straggler and with each, over the seeds the straggler runs used."""
+    (medians over the seeds each column ran) without a straggler, on the seeds of any
+    straggler run, and with each straggler."""
     found = {}
     for key in stored:
         link, n, seed, *rest = key.split("/")
@@ -287,12 +288,13 @@ def stragglers(stored) -> list[str]:
             found.setdefault((rest[0], link, n), {}).setdefault(rest[1], set()).add(seed)
     lines = []
     for (model, link, n), kinds in sorted(found.items()):
-        seeds = sorted(set.intersection(*kinds.values()))
-        columns = {"none": [stored.get(f"{link}/{n}/{s}" + ("" if model == "cnn" else f"/{model}"), {}) for s in seeds]}
-        columns.update({kind: [stored[f"{link}/{n}/{s}/{model}/{kind}"] for s in seeds] for kind in sorted(kinds)})
-        lines += [f"### Stragglers: {MODELS[model]}, {link}, N = {n[1:]}, seed(s) {', '.join(s[4:] for s in seeds)}: "
-                  "time to 95% (sync per step)", "",
-                  "| method | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        seeds = {"none": sorted(set.union(*kinds.values()))} | {k: sorted(v) for k, v in sorted(kinds.items())}
+        columns = {kind: [stored.get(f"{link}/{n}/{s}" + ("" if model == "cnn" else f"/{model}")
+                                     + ("" if kind == "none" else f"/{kind}"), {}) for s in chosen]
+                   for kind, chosen in seeds.items()}
+        lines += [f"### Stragglers: {MODELS[model]}, {link}, N = {n[1:]}: time to 95% (sync per step)", "",
+                  "| method | " + " | ".join(f"{k} (seed {', '.join(s[4:] for s in v)})" for k, v in seeds.items())
+                  + " |", "|---" * (len(columns) + 1) + "|"]
         names = list(dict.fromkeys(name for runs in columns.values() for r in runs for name in r))
         for name in names:
             cells = []
