@@ -64,6 +64,10 @@ def test_compressed_packets_carry_the_codecs_bytes(client):
     assert power["rounds"] == 12 and power["compression"]["wire_bytes"] == 2 * (2 * 3 / 4 * 2000 * 4)
     # top-k 1%: an all-gather (3 rounds) of 40,000 (value, index) pairs per worker
     assert topk["rounds"] == 3 and sum(topk["transfers"]["count"]) == 4 * 3 * 2 * 40_000
+    # fp16 packets over CERAR: its float16 error shown, and over gradsync's bound (refused by default)
+    coded = _eventually(client.post, "/api/simulate", json={"algorithm": "cerar", "workers": 4, "size": "1MB",
+                                                             "compression": "fp16"}).json()
+    assert coded["compression"]["itemsize"] == 2 and coded["estimate"]["refused"] and coded["estimate"]["error"] > 0.01
     bad = client.post("/api/simulate", json={"algorithm": "ring", "compression": "topk:ratio=2"})
     assert 400 <= bad.status_code < 500 and "ratio" in bad.text
 

@@ -206,21 +206,22 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
         t["offset"] += offset
         pieces.append(t)
         rounds, offset = rounds + schedule.rounds, offset + schedule.elements
-    name = parts[0][0].algorithm if len(parts) == 1 else f"{algorithm} x {len(parts)}"
-    combined = Schedule(name, n, offset, np.concatenate(pieces) if pieces else parts[0][0].transfers)
+    # one collective stays as built (CERAR keeps its design, so the panel shows its error)
+    combined = parts[0][0] if len(parts) == 1 else Schedule(f"{algorithm} x {len(parts)}", n, offset,
+                                                            np.concatenate(pieces))
     if len(combined.transfers) > MAX_TRANSFERS:
         raise ConfigError(f"this collective has {len(combined.transfers)} transfers; the view draws at most "
                           f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
     return combined, sizes.pop(), codec.label
 
 
-def _estimate(schedule) -> dict | None:
+def _estimate(schedule, dtype: str = "float32") -> dict | None:
     """A coded schedule's error, and whether gradsync would refuse the design."""
     if schedule.codec is None:
         return None
     from ..coding import cerar
     design = cerar.Design.from_dict(schedule.codec)
-    error = design.checked_error("float32")
+    error = design.checked_error(dtype)
     limit = cerar.DEFAULT_MAX_ERROR
     return {"error": error if math.isfinite(error) else None, "limit": limit, "refused": bool(not error <= limit),
             "rounds": design.rounds, "components": design.components}
@@ -276,7 +277,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     cuts = chunk_cuts(schedule)
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
               if key in spec.phases}
-    estimate = _estimate(schedule)
+    estimate = _estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
     busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
             for k, l in enumerate(topo.links)]
     out = {
