@@ -15,9 +15,10 @@ from gradsync.runtime.compressed import CompressedAllReduce, TransportExchange, 
 from gradsync.runtime.transport import MemoryTransport
 
 
-def run_steps(steps, spec, algorithm="ring", op="sum", **options):
+def run_steps(steps, spec, algorithm="ring", op="sum", traces=None, **options):
     """Each rank's result per step: ``steps[t][r]`` is rank r's input at step t; every rank has
-    its own codec (its own error feedback), as separate processes would."""
+    its own codec (its own error feedback), as separate processes would. ``traces``: one
+    ``Trace`` per rank to record in."""
     workers = len(steps[0])
     transports = MemoryTransport.group(workers, seed=7)
     codecs = [compression.make(spec) for _ in range(workers)]
@@ -27,7 +28,8 @@ def run_steps(steps, spec, algorithm="ring", op="sum", **options):
         try:
             for t, inputs in enumerate(steps):
                 x = inputs[r].clone()
-                exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 20)
+                exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 20,
+                                             trace=traces[r] if traces else None)
                 CompressedAllReduce(x, codecs[r], exchange, op, key="bucket").start(inline=True).wait()
                 out[t][r] = x
         except Exception as exc:        # noqa: BLE001 - reported to the test
@@ -208,6 +210,43 @@ def test_error_feedback_keeps_the_accumulated_error_bounded(rng, spec):
     assert with_ef[-1] < without[-1] / 2
 
 
+def test_fp16_packets_over_cerar_match_a_numpy_run_and_are_refused_by_default():
+    from gradsync.coding import cerar
+    from gradsync.runtime.compressed import emulate
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2048, generator=g) for _ in range(4)]
+    exact = torch.stack(xs).double().sum(0)
+    # c = 8 > N = 4: 1.25 of the gradient per worker in float16, against the fp16 ring's 1.5
+    out = emulate("fp16", xs, "cerar", components=8, eps=0.01, max_error=0.5).double().numpy()
+    design = cerar.make(4, 8, eps=0.01, dtype="float16", max_error=None)
+    ref = cerar.emulate(design, (torch.stack(xs) / 4).half().numpy())[0].astype(np.float64) * 4
+    assert np.abs(out - ref).max() <= 1e-3 * np.abs(ref).max()
+    error = np.linalg.norm(out - exact.numpy()) / np.linalg.norm(exact.numpy())
+    assert 2**-11 < error < 0.03       # far above fp16's rounding, at most a few percent
+    with pytest.raises(ConfigError, match="in float16, above max_error = 0.01; the largest c that meets it "
+                                          "for N = 4 in float16 is 4"):
+        emulate("fp16", xs, "cerar", components=8)
+
+
+@pytest.mark.parametrize("spec,collectives", [
+    ("powersgd:rank=1", [("ring", 32 * 4), ("ring", 32 * 4)]),     # P then Q of a 32 x 32 matrix, rank 1
+    ("sign", [("ring_all_gather", 3 * (1024 // 8 + 4))]),                   # 3 workers' bits and scale
+])
+def test_a_trace_records_each_collective_of_a_codec(rng, spec, collectives):
+    from gradsync.runtime.tracing import Trace
+
+    traces = [Trace() for _ in range(3)]
+    steps = gradients(rng, 3, 1024, steps=2)
+    run_steps(steps, spec, traces=traces)
+    for trace in traces:
+        doc = trace.to_dict()
+        recorded = [(e["args"]["algorithm"], e["args"]["bytes"]) for e in doc["traceEvents"]
+                    if e.get("cat") == "collective"]
+        assert recorded == collectives * len(steps)
+        assert sum(e.get("cat") == "transfer" for e in doc["traceEvents"]) > 0
+
+
 def test_gather_places_each_worker_in_its_ring_segment():
     offsets = gather_offsets(4, 3)
     assert sorted(offsets.tolist()) == [0, 3, 6, 9]
@@ -306,6 +345,28 @@ def test_prediction_is_the_simulated_wire_plus_codec_time():
     # PowerSGD r = 1: two all-reduces of 1024 floats instead of one of a million
     power = predict("powersgd:rank=1", "ring", topo, n, rate=1e12)
     assert power["bytes"] == pytest.approx(2 * 3 / 4 * 2 * 1024 * 4)
+
+
+def test_the_runtime_fixed_cost_is_counted_per_collective_and_round():
+    from gradsync.compression.predict import fit_overhead, predict
+    from gradsync.topology import preset
+
+    # a ring all-reduce of N = 5: 8 rounds; its all-gather half: 4
+    assert fit_overhead(5, 2.0 + 8 * 0.25, 2.0 + 4 * 0.25) == {"per_collective_s": 2.0, "per_round_s": 0.25}
+    assert fit_overhead(5, 1.0, 3.0) == {"per_collective_s": 3.0, "per_round_s": 0.0}   # noise: never < 0
+    overhead = {"per_collective_s": 0.002, "per_round_s": 0.001}
+    fast, n = preset("ethernet", workers=4, nic="100Gbit"), 1 << 16          # wires far under 1 ms
+    for codec, fixed in (("topk:ratio=0.01", 0.002 + 3 * 0.001),            # one all-gather, 3 rounds
+                         ("powersgd:rank=1", 2 * (0.002 + 6 * 0.001))):      # two all-reduces of 6
+        bare, more = predict(codec, "ring", fast, n, rate=1e9), predict(codec, "ring", fast, n, rate=1e9,
+                                                                        overhead=overhead)
+        assert more["overhead_s"] == pytest.approx(fixed) and bare["overhead_s"] == 0
+        assert bare["wire_s"] < fixed / 10
+        assert more["time_s"] == pytest.approx(n / 1e9 + fixed)          # the fixed cost, not the wire
+    # a slow wire hides it: fp16 of 4 MB at 100 Mbit/s takes its wire time either way
+    slow = preset("ethernet", workers=4, nic="100Mbit")
+    bare, more = (predict("fp16", "ring", slow, 1 << 20, rate=1e9, overhead=o) for o in (None, overhead))
+    assert more["time_s"] == bare["time_s"] == pytest.approx(bare["wire_s"] + (1 << 20) / 1e9)
 
 
 def test_one_step_error_orders_the_codecs():

@@ -70,3 +70,33 @@ def test_idle_slow_start_is_the_kernel_default_unless_turned_off():
         assert [setting(ns) for ns in net.namespaces] == ["1", "1"]
     with links.SlowLinks(2, "1Gbit", idle_slow_start=False) as net:
         assert [setting(ns) for ns in net.namespaces] == ["0", "0"]
+
+
+
+def _rates(net, machine):
+    """The tbf rate on machine's interface and on its switch port, as tc shows them."""
+    tag = net.namespaces[0].split("-")[0]
+    shown = [subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev],
+                            capture_output=True, text=True, check=True).stdout
+             for ns, dev in ((net.namespaces[machine], net.interface), (f"{tag}-sw", f"{tag}v{machine}b"))]
+    return [s.split(" rate ")[1].split()[0] for s in shown]
+
+
+@root_only
+def test_one_machine_can_be_slowed_both_ways():
+    with links.SlowLinks(3, "100Mbit") as net:
+        with pytest.raises(ConfigError, match="machine must be an integer in 0..2, got 3"):
+            net.set_rate(3, "25Mbit")
+        net.set_rate(1, "25Mbit")
+        assert _rates(net, 1) == ["25Mbit", "25Mbit"]
+        assert _rates(net, 0) == _rates(net, 2) == ["100Mbit", "100Mbit"]
+
+
+@pytest.mark.slow
+@root_only
+def test_a_slow_machine_slows_the_ring_to_its_rate():
+    with links.SlowLinks(2, "100Mbit") as net:
+        net.set_rate(1, "25Mbit")
+        seconds = run(bodies.timed_ring, 2, 1 << 20, network=net)[0]
+    busbw = 4 * (1 << 20) / seconds              # N = 2: each worker sends the buffer once
+    assert 0.5 * 3.125e6 <= busbw <= 1.1 * 3.125e6, busbw    # the slow link's rate, not the others'

@@ -188,14 +188,14 @@ def test_bad_option_on_the_command_line_is_one_line_exit_2(pairwise):
 def test_dtypes_are_checked_and_filter_the_default_lists():
     with pytest.raises(ConfigError) as err:
         algorithms.get("cerar").check_dtype("int32")
-    assert str(err.value) == "algorithm 'cerar' needs float32 or float64 tensors, got int32"
+    assert str(err.value) == "algorithm 'cerar' needs float16, float32 or float64 tensors, got int32"
     only_int = dataclasses.replace(PAIRWISE, dtypes=("int32",))
     with pytest.raises(ConfigError, match="algorithm 'pairwise' needs int32 tensors, got float16"):
         only_int.check_dtype("float16")
     rows = json.loads(cli("compare", "--size", "1MB", "--dtype", "int32", "--format", "json").stdout)
     assert "cerar" not in {r["algorithm"] for r in rows} and "ring" in {r["algorithm"] for r in rows}
     run = cli("compare", "--size", "1MB", "--dtype", "bfloat16", "--algorithms", "ring,cerar")
-    assert run.exit_code == 2 and "needs float32 or float64 tensors, got bfloat16" in run.stderr
+    assert run.exit_code == 2 and "needs float16, float32 or float64 tensors, got bfloat16" in run.stderr
 
 
 def test_a_worker_process_that_cannot_rebuild_an_algorithm_says_so():

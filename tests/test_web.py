@@ -47,6 +47,31 @@ def test_simulate_returns_the_simulators_numbers(client):
     assert t["carried"][:12] == [1] * 12 and t["carried"][12:] == [4] * 12   # partial, then full sums
 
 
+def test_compressed_packets_carry_the_codecs_bytes(client):
+    def sim(compression=None):
+        body = {"algorithm": "ring", "topology": "ethernet", "workers": 4, "size": "16MB", "bandwidth": "100Mbit"}
+        r = _eventually(client.post, "/api/simulate", json=body | ({"compression": compression} if compression else {}))
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    exact, fp16, power, topk = sim(), sim("fp16"), sim("powersgd:rank=1"), sim("topk:ratio=0.01")
+    assert exact["compression"] is None
+    # fp16: the same ring, every packet half as large; the wire dominates at 100 Mbit/s
+    assert fp16["transfers"]["count"] == exact["transfers"]["count"] and fp16["compression"]["itemsize"] == 2
+    assert fp16["compression"]["wire_bytes"] == 2 * 3 / 4 * 16e6 / 2
+    assert fp16["time_s"] == pytest.approx(exact["time_s"] / 2, rel=0.01)
+    # PowerSGD r = 1 on one 2000 x 2000 matrix: a ring all-reduce of P (2000 floats), then one of Q
+    assert power["rounds"] == 12 and power["compression"]["wire_bytes"] == 2 * (2 * 3 / 4 * 2000 * 4)
+    # top-k 1%: an all-gather (3 rounds) of 40,000 (value, index) pairs per worker
+    assert topk["rounds"] == 3 and sum(topk["transfers"]["count"]) == 4 * 3 * 2 * 40_000
+    # fp16 packets over CERAR: its float16 error shown, and over gradsync's bound (refused by default)
+    coded = _eventually(client.post, "/api/simulate", json={"algorithm": "cerar", "workers": 4, "size": "1MB",
+                                                             "compression": "fp16"}).json()
+    assert coded["compression"]["itemsize"] == 2 and coded["estimate"]["refused"] and coded["estimate"]["error"] > 0.01
+    bad = client.post("/api/simulate", json={"algorithm": "ring", "compression": "topk:ratio=2"})
+    assert 400 <= bad.status_code < 500 and "ratio" in bad.text
+
+
 def test_failure_stops_the_failed_devices_peers(client):
     d = _eventually(client.post, "/api/simulate", json={"algorithm": "ring", "workers": 6, "fail": {"device": 2, "at": 0.3}}).json()
     f = d["failure"]

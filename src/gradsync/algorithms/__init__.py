@@ -172,7 +172,7 @@ for _spec in (
     AlgorithmSpec(name="cerar", schedule=cerar.schedule, cost=cerar.cost,
                   explanation=cerar.EXPLANATION, phases={"coded": "coded ring pass"}, exact=False,
                   summary="coded approximate ring all-reduce: fewer rounds and bytes, a bounded error",
-                  dtypes=("float32", "float64"),
+                  dtypes=("float16", "float32", "float64"),
                   options={"components": Option(None, "an integer >= 1", is_int(1)),
                            "eps": Option(None, "a number in (0, 1)", is_number(0, 1)),
                            "max_cond": Option(None, "a number in (1, 1e15)", is_number(1, 1e15)),
@@ -182,7 +182,8 @@ for _spec in (
                                                "a number > 0 (the relative error above which a design is "
                                                "refused), or None to build it unchecked",
                                                lambda v: v is None or is_number(0)(v)),
-                           "dtype": Option("float32", "float32 or float64", one_of("float32", "float64")),
+                           "dtype": Option("float32", "float16, float32 or float64",
+                                           one_of("float16", "float32", "float64")),
                            "scale": Option(None, f"one of {', '.join(cerar_codec.SCALES)}",
                                            one_of(*cerar_codec.SCALES))}),
 ):

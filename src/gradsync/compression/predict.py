@@ -6,6 +6,16 @@ Gaussian elements against an exchange that moves nothing (its all-gather repeats
 payload ``workers`` times, so decoding costs what it costs with that many workers), in
 elements of gradient per second, on one thread as the workers run (on 2 loaded cores, torch's
 two threads made the same cast 100x slower). The prediction scales it linearly with the size.
+
+The runtime's fixed cost of a collective, which the simulator does not model, is counted when
+measured (``overhead``): ``measure_overhead`` times tiny ring all-reduces (2(N - 1) rounds) and
+all-gathers (N - 1 rounds) in the workers themselves and fits per collective + per round x
+rounds. On this machine's 2 shared cores it is milliseconds per round, because each round
+waits for every worker process to be scheduled, and it is what dominates the small wires of
+PowerSGD, top-k and sign. A collective takes the longer of its simulated wire time and its
+fixed cost, not their sum: while a round's transfer is on a slow wire the workers wait
+without competing for the cores, which is when the fixed cost is paid (at 100 Mbit/s the
+fp16 all-reduce measured what its wire alone predicts).
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from ..simulate import simulate
 from . import make
 
 RATE_ELEMENTS = 1 << 18
+OVERHEAD_ELEMENTS = 64          # small enough that the wire and the codec's compute vanish
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "uint8": 1}
 
 
@@ -92,12 +103,81 @@ def wire_schedules(compression, algorithm: str, workers: int, elements: int, opt
     return out
 
 
+def measure_overhead(repeats: int = 20) -> dict:
+    """Called in every rank of a running group (collective: all ranks at once): the runtime's
+    fixed cost of a collective, ``{"per_collective_s": a, "per_round_s": b}``, fitted to the
+    median seconds of blocks of back-to-back ring all-reduces (2(N - 1) rounds) and ring
+    all-gathers (a compressed all-reduce by top-k keeping everything: N - 1 rounds) of
+    OVERHEAD_ELEMENTS floats, where the wire and the codec's compute are negligible. Both
+    parts are kept >= 0. ``collective_overhead`` runs it in new local workers.
+
+    Example, in each rank: ``overhead = measure_overhead()``, then
+    ``predict("topk", "ring", topo, n, overhead=overhead)``.
+    """
+    import torch.distributed as dist
+
+    from ..runtime.api import all_reduce
+    from ..runtime.bench import time_in_blocks
+
+    workers = dist.get_world_size()
+    x = torch.ones(OVERHEAD_ELEMENTS)
+    times = time_in_blocks({"all_reduce": lambda: all_reduce(x, "ring"),
+                            "all_gather": lambda: all_reduce(x, "ring", compression="topk:ratio=1")},
+                           repeats, dist.barrier, before=lambda name: x.fill_(1.0))
+    return fit_overhead(workers, *(float(np.median(times[k])) for k in ("all_reduce", "all_gather")))
+
+
+def fit_overhead(workers: int, reduce_s: float, gather_s: float) -> dict:
+    """Per collective a and per round b (both >= 0) from a ring all-reduce taking a + 2(N-1) b
+    and a ring all-gather taking a + (N-1) b.
+
+    >>> fit_overhead(4, 7.0, 4.0)
+    {'per_collective_s': 1.0, 'per_round_s': 1.0}
+    """
+    if workers < 2:
+        return {"per_collective_s": 0.0, "per_round_s": 0.0}
+    per_round = max(0.0, (reduce_s - gather_s) / (workers - 1))
+    return {"per_collective_s": max(0.0, gather_s - (workers - 1) * per_round), "per_round_s": per_round}
+
+
+def _overhead_worker(rank, workers, repeats):
+    torch.set_num_threads(1)
+    return measure_overhead(repeats)
+
+
+@lru_cache(maxsize=16)
+def collective_overhead(workers: int, repeats: int = 20) -> dict:
+    """``measure_overhead`` in ``workers`` new local worker processes (one thread each, as
+    training workers run), rank 0's answer; cached per process.
+
+    Example: ``collective_overhead(4)`` gives ``{"per_collective_s": ..., "per_round_s": ...}``.
+    """
+    from ..runtime.launch import run
+
+    return run(_overhead_worker, workers, repeats)[0]
+
+
+def overhead_time(overhead: dict | None, schedule) -> float:
+    """Seconds of fixed cost of one collective's ``schedule`` (0 without ``overhead``).
+
+    >>> from gradsync import algorithms
+    >>> overhead_time({"per_collective_s": 1.0, "per_round_s": 0.5}, algorithms.build("ring", 4, 8))
+    4.0
+    """
+    if not overhead:
+        return 0.0
+    return overhead["per_collective_s"] + overhead["per_round_s"] * schedule.rounds
+
+
 def predict(compression, algorithm: str, topology, elements: int, workers: int | None = None,
-            options: dict | None = None, rate: float | None = None, key=None) -> dict:
+            options: dict | None = None, rate: float | None = None, key=None, overhead: dict | None = None) -> dict:
     """Predicted seconds of one compressed all-reduce on ``topology``: ``wire_s`` (simulated,
     collectives one after another), ``codec_s`` (compute at ``rate``, measured when None),
-    their sum ``time_s``, and ``bytes``, the most any worker sends. ``key``: the bucket whose
-    layout a ``Codec`` given as ``compression`` was told (``Codec.layout``).
+    ``overhead_s`` (the runtime's fixed cost of the collectives, from ``overhead`` as
+    ``measure_overhead`` gives it; 0 when None), ``time_s`` (the codec's compute plus, per
+    collective, the longer of its wire and its fixed cost), and ``bytes``, the most any
+    worker sends. ``key``: the bucket whose layout a ``Codec`` given as ``compression``
+    was told (``Codec.layout``).
 
     >>> from gradsync.topology import preset
     >>> p = predict("fp16", "ring", preset("ethernet", workers=4), 1 << 20, rate=1e9)
@@ -106,13 +186,15 @@ def predict(compression, algorithm: str, topology, elements: int, workers: int |
     """
     workers = len(topology.workers) if workers is None else workers
     codec = make(compression)
-    wire_s, sent = 0.0, np.zeros(workers)
+    wire_s, overhead_s, collectives_s, sent = 0.0, 0.0, 0.0, np.zeros(workers)
     for schedule, dtype in wire_schedules(codec, algorithm, workers, elements, options, key):
-        wire_s += simulate(schedule, topology, ITEMSIZE[dtype]).time
+        wire, fixed = simulate(schedule, topology, ITEMSIZE[dtype]).time, overhead_time(overhead, schedule)
+        wire_s, overhead_s, collectives_s = wire_s + wire, overhead_s + fixed, collectives_s + max(wire, fixed)
         sent += schedule.elements_sent()[:workers] * ITEMSIZE[dtype]
     rate = codec_rate(codec.label, workers) if rate is None else rate
     codec_s = elements / rate
-    return {"time_s": wire_s + codec_s, "wire_s": wire_s, "codec_s": codec_s, "bytes": float(sent.max())}
+    return {"time_s": collectives_s + codec_s, "wire_s": wire_s, "codec_s": codec_s,
+            "overhead_s": overhead_s, "bytes": float(sent.max())}
 
 
 def one_step_error(compression, workers: int, elements: int = 1 << 14, seed: int = 0) -> float:

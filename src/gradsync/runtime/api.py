@@ -132,7 +132,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
 
     ``compression`` (a float tensor only): a codec of ``gradsync.compression``, as text
     (``"fp16"``, ``"powersgd:rank=4"``, ``"topk:ratio=0.01"``) or a ``Codec``; the algorithm then
-    runs the codec's payload. Text makes a new codec per call: pass one ``Codec`` to keep error
+    runs the codec's payload (a ``trace`` records each of the codec's collectives). Text makes a new codec per call: pass one ``Codec`` to keep error
     feedback and warm starts across calls, per ``compression_key`` (default: shape and dtype).
 
     Example, in each of N processes after ``dist.init_process_group("gloo", ...)``::
@@ -150,14 +150,12 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     deadline = time.monotonic() + timeout
     codec = None
     if compression is not None:
-        if trace is not None:
-            raise ConfigError("trace does not record compressed all-reduces yet: give trace or compression")
         codec = compressed_codec(tensor, algorithm, compression)
     channel = for_group(transport, group, tensor.device.type, timeout, stall_warning)
     try:
         if codec is not None:
             from .compressed import CompressedAllReduce, TransportExchange
-            exchange = TransportExchange(channel, algorithm, options, deadline, check)
+            exchange = TransportExchange(channel, algorithm, options, deadline, check, trace)
             collective = CompressedAllReduce(tensor, codec, exchange, op, compression_key)
         else:
             collective = prepare(tensor, algorithm, op, channel, deadline, check, check_finite, options, trace)

@@ -49,20 +49,21 @@ def gather_offsets(workers: int, elements: int) -> np.ndarray:
 
 class TransportExchange:
     """The ``Exchange`` a codec runs on: exact all-reduces with ``algorithm`` and ring
-    all-gathers over ``transport``, each finished before the next starts.
+    all-gathers over ``transport``, each finished before the next starts; with ``trace`` (a
+    ``tracing.Trace``, on every rank or none), each is recorded as its own collective.
 
     Example: ``codec.reduce(grad, TransportExchange(transport, "ring", {}, deadline))``.
     """
 
-    def __init__(self, transport, algorithm: str, options: dict, deadline: float, check: bool = True):
+    def __init__(self, transport, algorithm: str, options: dict, deadline: float, check: bool = True, trace=None):
         self.transport, self.algorithm, self.options = transport, algorithm, options
-        self.deadline, self.check = deadline, check
+        self.deadline, self.check, self.trace = deadline, check, trace
         self.workers, self.rank = transport.size, transport.rank
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         from .api import prepare            # api imports this module for all_reduce(compression=...)
         return prepare(tensor, self.algorithm, "sum", self.transport, self.deadline, self.check,
-                       False, self.options).start(inline=True).wait()
+                       False, self.options, self.trace).start(inline=True).wait()
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         n, workers = tensor.numel(), self.workers
@@ -73,7 +74,7 @@ class TransportExchange:
         flat[offsets[self.rank]:offsets[self.rank] + n] = tensor.view(-1)
         salt = (0x5A17 + n) & 0xFF
         Collective(schedule, plan, node_buffers(schedule, self.rank, flat), self.transport, self.deadline,
-                   salt=salt).start(inline=True).wait()
+                   salt=salt, trace=self.trace).start(inline=True).wait()
         return torch.stack([flat[o:o + n] for o in offsets])
 
 

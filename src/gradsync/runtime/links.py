@@ -118,13 +118,11 @@ class SlowLinks:
         return self
 
     def _create(self):
-        tag = f"gs{os.getpid()}"
+        tag = self._tag = f"gs{os.getpid()}"
         switch = self.switch = f"{tag}-sw"
         self.namespaces = [f"{tag}-w{i}" for i in range(self.machines)]
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(self.machines)]
         self._all = [switch] + self.namespaces
-        rate_bits = int(self.rate * 8)
-        burst = max(32 * 1024, int(self.rate / 100))          # at least one timer tick's worth
         _ip("ip", "netns", "add", switch)
         _ip("ip", "link", "add", "br0", "type", "bridge", ns=switch)
         _ip("ip", "link", "set", "br0", "up", ns=switch)
@@ -144,9 +142,23 @@ class SlowLinks:
                 _ip("sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", ns=ns)
             _ip("ip", "link", "set", b, "master", "br0", ns=switch)
             _ip("ip", "link", "set", b, "up", ns=switch)
-            for dev, where in ((self.interface, ns), (b, switch)):   # both directions
-                _ip("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate_bits}bit",
-                    "burst", str(burst), "latency", f"{self.queue_ms}ms", ns=where)
+            self._shape(i, self.rate, "add")
+
+    def _shape(self, machine: int, rate: float, verb: str):
+        burst = max(32 * 1024, int(rate / 100))          # at least one timer tick's worth
+        for dev, where in ((self.interface, self.namespaces[machine]),
+                           (f"{self._tag}v{machine}b", f"{self._tag}-sw")):    # both directions
+            _ip("tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", f"{int(rate * 8)}bit",
+                "burst", str(burst), "latency", f"{self.queue_ms}ms", ns=where)
+
+    def set_rate(self, machine: int, bandwidth: str) -> None:
+        """Shape emulated machine ``machine``'s link (both directions) to ``bandwidth`` instead
+        of the network's rate: a straggler's slow link. ``net.set_rate(3, "25Mbit")``."""
+        if not self.namespaces:
+            raise ConfigError("set_rate needs the network created (inside its with block)")
+        if isinstance(machine, bool) or not isinstance(machine, int) or not 0 <= machine < self.machines:
+            raise ConfigError(f"machine must be an integer in 0..{self.machines - 1}, got {machine!r}")
+        self._shape(machine, parse_bandwidth(bandwidth), "change")
 
     def __exit__(self, *exc):
         for ns in getattr(self, "_all", []):

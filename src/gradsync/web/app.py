@@ -57,6 +57,7 @@ class SimulateRequest(BaseModel):
     components: StrictInt | None = Field(default=None, ge=1, le=192)
     eps: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     fail: Failure | None = None
+    compression: StrictStr | None = Field(default=None, max_length=60)   # a codec's text, checked per request
 
 
 def _json(data) -> Response:
@@ -149,13 +150,14 @@ def create_app() -> FastAPI:
         return {"topologies": list(TOPOLOGIES), "algorithms": list(algorithms.names()),
                 "fixed_workers": {name: view.fixed_workers(name) for name in TOPOLOGIES if view.fixed_workers(name)},
                 "explanations": {name: algorithms.get(name).explanation for name in algorithms.names()},
-                "max_components_per_worker": view.MAX_COMPONENTS_PER_WORKER}
+                "max_components_per_worker": view.MAX_COMPONENTS_PER_WORKER,
+                "compressions": list(view.COMPRESSIONS)}
 
     @app.post("/api/simulate")
     def simulate_view(req: SimulateRequest):
         fail = (req.fail.device, req.fail.at) if req.fail else None
         return _json(view.simulation(req.algorithm, req.topology, req.workers, _size(req.size), req.bandwidth,
-                                     req.latency, req.components, req.eps, fail))
+                                     req.latency, req.components, req.eps, fail, req.compression or None))
 
     @app.get("/api/schedule")
     def schedule(algorithm: str = Query("ring", max_length=40), workers: int = Query(8, ge=1, le=64),

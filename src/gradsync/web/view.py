@@ -19,7 +19,7 @@ from .. import algorithms
 from ..cost import default_options, predict
 from ..errors import ConfigError
 from ..narrate import narrate
-from ..schedule import CODED, COPY, REDUCE, carried_inputs, intervals
+from ..schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
 from ..simulate import SimResult, simulate
 from ..topology import Link, Topology, preset
 from ..topology.presets import pcie_switch
@@ -37,6 +37,7 @@ TOPOLOGIES = ("ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowb
 FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
 
 
+COMPRESSIONS = ("fp16", "bf16", "powersgd:rank=1", "powersgd:rank=4", "topk:ratio=0.01", "sign")   # offered
 REQUEST_BUDGET_S = 1.0        # the longest a request computes before it is answered "busy"
 
 
@@ -184,20 +185,50 @@ def _build(algorithm: str, topo: Topology, n: int, nbytes: int, components=None,
     return schedule
 
 
-def _estimate(schedule) -> dict | None:
+def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression: str, components=None,
+                eps=None) -> tuple[Schedule, int, str]:
+    """The codec's collectives on a float32 gradient of ``nbytes``, one after another, as one
+    schedule over a buffer that lays their payloads end to end (so each keeps its own chunks),
+    with the bytes per element they share; and the codec's label."""
+    from ..compression import make
+    from ..compression.predict import ITEMSIZE, wire_schedules
+
+    codec = make(compression)
+    options = _options(algorithm, topo, n, nbytes, components, eps)
+    parts = wire_schedules(codec, algorithm, n, nbytes // 4, options)
+    sizes = {ITEMSIZE[dtype] for _, dtype in parts}
+    if len(sizes) != 1:         # every codec so far has one; a mixed one would need per-transfer sizes
+        raise ConfigError(f"compression {codec.label!r} mixes element sizes {sorted(sizes)}; the view draws one")
+    pieces, rounds, offset = [], 0, 0
+    for schedule, _ in parts:
+        t = schedule.transfers.copy()
+        t["round"] += rounds
+        t["offset"] += offset
+        pieces.append(t)
+        rounds, offset = rounds + schedule.rounds, offset + schedule.elements
+    # one collective stays as built (CERAR keeps its design, so the panel shows its error)
+    combined = parts[0][0] if len(parts) == 1 else Schedule(f"{algorithm} x {len(parts)}", n, offset,
+                                                            np.concatenate(pieces))
+    if len(combined.transfers) > MAX_TRANSFERS:
+        raise ConfigError(f"this collective has {len(combined.transfers)} transfers; the view draws at most "
+                          f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
+    return combined, sizes.pop(), codec.label
+
+
+def _estimate(schedule, dtype: str = "float32") -> dict | None:
     """A coded schedule's error, and whether gradsync would refuse the design."""
     if schedule.codec is None:
         return None
     from ..coding import cerar
     design = cerar.Design.from_dict(schedule.codec)
-    error = design.checked_error("float32")
+    error = design.checked_error(dtype)
     limit = cerar.DEFAULT_MAX_ERROR
     return {"error": error if math.isfinite(error) else None, "limit": limit, "refused": bool(not error <= limit),
             "rounds": design.rounds, "components": design.components}
 
 
 def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
-               components=None, eps=None, fail=None) -> dict:
+               components=None, eps=None, fail=None, compression=None) -> dict:
     """Everything the page draws for one collective (see ``simulate_now``), computed within
     REQUEST_BUDGET_S or answered ``Busy`` while it finishes in the background (CERAR designs
     for large N and c take seconds); the last results are cached, so asking again gets it.
@@ -206,7 +237,7 @@ def simulation(algorithm: str, topology: str, workers: int, size, bandwidth=None
     6
     """
     args = (algorithm, topology, workers, parse_size(size), bandwidth, latency, components, eps,
-            None if fail is None else tuple(fail))
+            None if fail is None else tuple(fail), compression)
     return SIMULATIONS.run(("simulating",) + args, _cached_simulation, *args)
 
 
@@ -216,10 +247,12 @@ def _cached_simulation(*args) -> dict:
 
 
 def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=None, latency=None,
-                 components=None, eps=None, fail=None) -> dict:
+                 components=None, eps=None, fail=None, compression=None) -> dict:
     """Everything the page draws for one collective, computed now: the topology and its
     drawing, every transfer's timeline, the chunks, the narration, the algorithm's
-    explanation, CERAR's error and a failure's outcome.
+    explanation, CERAR's error and a failure's outcome. With ``compression`` (a codec's text,
+    ``"powersgd:rank=4"``), the codec's collectives on the wire, one after another, in its
+    bytes per element (the codec's own compute is not drawn).
 
     >>> d = simulate_now("ring", "ring", 4, 1_000_000)
     >>> d["narration"][0]["text"][:40]
@@ -229,8 +262,11 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     n = len(topo.workers)
     nbytes = parse_size(size)
     spec = algorithms.get(algorithm)
-    schedule = _build(algorithm, topo, n, nbytes, components, eps)
-    result = simulate(schedule, topo)
+    if compression is None:
+        schedule, itemsize, label = _build(algorithm, topo, n, nbytes, components, eps), 4, None
+    else:
+        schedule, itemsize, label = _compressed(algorithm, topo, n, nbytes, compression, components, eps)
+    result = simulate(schedule, topo, itemsize)
     t = schedule.transfers
     names = [nd.name for nd in topo.nodes]
     placed = [names[i] for i in result.placement]
@@ -241,7 +277,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     cuts = chunk_cuts(schedule)
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
               if key in spec.phases}
-    estimate = _estimate(schedule)
+    estimate = _estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
     busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
             for k, l in enumerate(topo.links)]
     out = {
@@ -267,26 +303,33 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
                       "done": result.done.tolist(), "route": route.tolist()},
         "routes": routes,
         "failure": None,
+        "compression": None if label is None else {
+            "codec": label, "itemsize": itemsize, "collectives": schedule.algorithm,
+            "wire_bytes": float(schedule.elements_sent().max() * itemsize)},
     }
     if fail is not None:
         device, fraction = fail
         if not 0 <= device < n:
             raise ConfigError(f"fail.device must be a worker in 0..{n - 1}, got {device}")
         out["failure"] = failure(result, device, fraction * result.time)
-        out["failure"]["recovery"] = _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps)
+        out["failure"]["recovery"] = _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps,
+                                               compression)
     return out
 
 
-def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps) -> dict:
+def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps, compression=None) -> dict:
     """The elastic restart: the N - 1 survivors form a new group and run the collective again."""
     if n - 1 < 2:
         return {"workers": n - 1, "time_s": None, "note": "one survivor has nothing to synchronize with"}
     topo = topology_for(topology, n - 1, bandwidth, latency)
     try:
-        schedule = _build(algorithm, topo, n - 1, nbytes, components, eps)
+        if compression is None:
+            schedule, itemsize = _build(algorithm, topo, n - 1, nbytes, components, eps), 4
+        else:
+            schedule, itemsize, _ = _compressed(algorithm, topo, n - 1, nbytes, compression, components, eps)
     except ConfigError as e:
         return {"workers": n - 1, "time_s": None, "note": str(e)}
-    return {"workers": n - 1, "time_s": simulate(schedule, topo).time, "note": ""}
+    return {"workers": n - 1, "time_s": simulate(schedule, topo, itemsize).time, "note": ""}
 
 
 def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, latency=None, components=None,

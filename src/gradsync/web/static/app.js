@@ -68,6 +68,7 @@ function params() {
   for (const id of ["bandwidth", "latency"]) if (filled(id)) p[id] = $(id).value.trim();
   if (filled("eps")) p.eps = Number($("eps").value);
   if (filled("components")) p.components = Number($("components").value);
+  if ($("compression").value) p.compression = $("compression").value;
   if (failure) p.fail = failure;
   return p;
 }
@@ -483,6 +484,10 @@ function renderPanels() {
     const shown = e.error === null ? "not finite" : e.error.toPrecision(3);
     rows.push(["CERAR error", `<span class="${e.refused ? "bad" : "good"}">${shown} ${e.refused ? "&gt;" : "≤"} ${e.limit} — ${e.refused ? "gradsync refuses this design" : "accepted"}</span>`]);
   }
+  if (d.compression) {
+    const c = d.compression;
+    rows.push(["compression", `${c.codec}: ${c.collectives} in ${c.itemsize}-byte elements, ${fmtBytes(c.wire_bytes)} sent by the busiest worker (codec compute not drawn)`]);
+  }
   if (d.failure) rows.push(["failure", `rank ${d.failure.device} at ${fmtTime(d.failure.at_s)}; ${d.failure.stopped.length - 1} peers report it`]);
   $("numbers").innerHTML = rows.map(([key, v]) => `<dt>${key}</dt><dd>${v}</dd>`).join("");
   $("explain-title").textContent = `How ${d.algorithm} works`;
@@ -733,16 +738,17 @@ async function init() {
   legendHtml();
   const presets = STATIC ? await staticData("presets") : await (await fetch("api/presets")).json();
   if (STATIC) {                        // only what was exported can be chosen
-    for (const id of ["workers", "size", "bandwidth", "latency", "components", "eps", "fail-device", "fail-at", "fail", "heal"])
+    for (const id of ["workers", "size", "bandwidth", "latency", "components", "eps", "compression", "fail-device", "fail-at", "fail", "heal"])
       $(id).disabled = true;
     $("size").value = presets.static.size;
   }
   fixedWorkers = presets.fixed_workers || {};
   $("algorithm").innerHTML = presets.algorithms.map((a) => `<option>${a}</option>`).join("");
   $("topology").innerHTML = presets.topologies.map((a) => `<option>${a}</option>`).join("");
+  for (const c of presets.compressions || []) $("compression").add(new Option(c, c));
   $("algorithm").value = "ring";
   const chartInputs = new Set(["topology", "size", "bandwidth", "latency", "components", "eps"]);
-  for (const id of ["algorithm", "topology", "workers", "size", "bandwidth", "latency", "components", "eps"])
+  for (const id of ["algorithm", "topology", "workers", "size", "bandwidth", "latency", "components", "eps", "compression"])
     $(id).addEventListener("change", () => {
       if (id === "topology") syncWorkersField();
       if (id === "workers") { const m = Number($("workers").max); if (Number($("workers").value) > m) $("workers").value = String(m); }
