@@ -117,6 +117,7 @@ def test_every_command_has_help():
         assert run.returncode == 0 and "Usage:" in run.stdout
 
 
+@pytest.mark.slow
 def test_bench_over_gloo_sums_exactly_and_calibrate_feeds_its_predictions(tmp_path):
     topology = tmp_path / "calibrated.json"
     run = gradsync("calibrate", "--workers", "2", "--repeats", "3", "--launches", "1", "--out", str(topology))

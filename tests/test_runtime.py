@@ -42,7 +42,9 @@ def test_mismatched_shapes_raise_on_every_rank_before_any_data_moves():
         assert "shape" in r["message"] and "[0, 2]" in r["message"] and "[1]" in r["message"]
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "sharded"])
+# one algorithm in the default run; the others with the slow tests (each starts 4 processes twice)
+@pytest.mark.parametrize("algorithm", ["ring", pytest.param("tree", marks=pytest.mark.slow),
+                                       pytest.param("sharded", marks=pytest.mark.slow)])
 def test_a_dead_peer_gives_peer_error_within_the_timeout(algorithm):
     timeout = 3.0
     results = run(bodies.dead_peer, 4, algorithm, timeout, False, timeout=60, tolerate=True)
@@ -140,7 +142,8 @@ def test_the_hook_returns_its_future_before_a_slow_peer_arrives():
     assert all(r["error"] == 0.0 for r in results), results
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "tree"])
+@pytest.mark.parametrize("algorithm", ["ring", pytest.param("halving_doubling", marks=pytest.mark.slow),
+                                       pytest.param("tree", marks=pytest.mark.slow)])
 def test_overlapped_training_matches_plain_ddp(algorithm):
     for r in run(bodies.overlapped_training, 3, algorithm, 5):
         assert r["buckets"] >= 3, r
