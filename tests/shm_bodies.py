@@ -43,13 +43,13 @@ def auto_picks(rank, workers):
             "shared": not isinstance(shared_group(), str)}
 
 
-def killed_rank(rank, workers, victim, timeout):
-    """Every rank runs ring all-reduces over shm; ``victim`` kills itself (SIGKILL) mid-stream."""
+def killed_rank(rank, workers, victim, timeout, transport="shm"):
+    """Every rank runs ring all-reduces over ``transport``; ``victim`` kills itself (SIGKILL) mid-stream."""
     import signal
     import threading
 
     x = torch.ones(1 << 18)
-    gradsync.all_reduce(x, transport="shm", timeout=timeout)        # the segment is set up
+    gradsync.all_reduce(x, transport=transport, timeout=timeout)    # the segment is set up
     if rank == victim:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     start = None
@@ -57,23 +57,23 @@ def killed_rank(rank, workers, victim, timeout):
         for _ in range(100000):
             x.fill_(1.0)
             start = time.monotonic()
-            gradsync.all_reduce(x, transport="shm", timeout=timeout)
+            gradsync.all_reduce(x, transport=transport, timeout=timeout)
             assert x[0].item() == workers
         return {"error": None}
     except gradsync.PeerError as exc:
         return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
 
 
-def stalled(rank, workers, timeout):
-    """Rank 0 sets up, then sleeps past the timeout; the others must name it, not a neighbour."""
+def stalled(rank, workers, timeout, sleeper=0, transport="shm", oversleep=2.0):
+    """``sleeper`` sets up, then sleeps past the timeout; the others must name it, not a neighbour."""
     x = torch.ones(1000)
-    gradsync.all_reduce(x, transport="shm", timeout=timeout)
-    if rank == 0:
-        time.sleep(timeout + 2)
+    gradsync.all_reduce(x, transport=transport, timeout=timeout)
+    if rank == sleeper:
+        time.sleep(timeout + oversleep)
         return {"slept": True}
     start = time.monotonic()
     try:
-        gradsync.all_reduce(x, transport="shm", timeout=timeout)
+        gradsync.all_reduce(x, transport=transport, timeout=timeout)
         return {"error": None}
     except gradsync.PeerError as exc:
         return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
@@ -125,38 +125,12 @@ def mixed_sums(rank, workers, per_host):
 
 def mixed_killed(rank, workers, per_host, victim, timeout):
     """Ring all-reduces over "auto" on emulated machines; ``victim`` kills itself mid-stream."""
-    import signal
-    import threading
-
     _as_machines(rank, per_host)
-    x = torch.ones(1 << 18)
-    gradsync.all_reduce(x, transport="auto", timeout=timeout)
-    if rank == victim:
-        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-    start = None
-    try:
-        for _ in range(100000):
-            x.fill_(1.0)
-            start = time.monotonic()
-            gradsync.all_reduce(x, transport="auto", timeout=timeout)
-            assert x[0].item() == workers
-        return {"error": None}
-    except gradsync.PeerError as exc:
-        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+    return killed_rank(rank, workers, victim, timeout, transport="auto")
 
 
 def mixed_stalled(rank, workers, per_host, sleeper, timeout):
     """After one all-reduce over "auto" on emulated machines, ``sleeper`` sleeps past the
     timeout: the ranks of both machines must name it, not a neighbour waiting for it."""
     _as_machines(rank, per_host)
-    x = torch.ones(1000)
-    gradsync.all_reduce(x, transport="auto", timeout=timeout)
-    if rank == sleeper:
-        time.sleep(timeout + 3)
-        return {"slept": True}
-    start = time.monotonic()
-    try:
-        gradsync.all_reduce(x, transport="auto", timeout=timeout)
-        return {"error": None}
-    except gradsync.PeerError as exc:
-        return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+    return stalled(rank, workers, timeout, sleeper=sleeper, transport="auto", oversleep=3.0)
