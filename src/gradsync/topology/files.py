@@ -16,16 +16,30 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ConfigError, TopologyError
 from ..units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
 
 MAX_FILE_BYTES = 16 << 20
+
+
+def _parsed(parse):
+    """A pydantic validator from a units parser: its ConfigError becomes the field's error."""
+    def check(v):
+        try:
+            return parse(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return AfterValidator(check)
+
+
+Bandwidth = Annotated[float | str, _parsed(parse_bandwidth)]     # bytes/s, or a string with units
+Duration = Annotated[float | str, _parsed(parse_time)]           # seconds, or a string with units
 
 
 class _Strict(BaseModel):
@@ -37,49 +51,17 @@ class NodeSpec(_Strict):
     kind: Literal["gpu", "cpu", "host", "switch", "nic"]
     reduce_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     madd_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    copy_rate: float | str | None = None
-    message_overhead: float | str | None = None
+    copy_rate: Bandwidth | None = None
+    message_overhead: Duration | None = None
     fan_in: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-
-    @field_validator("copy_rate")
-    @classmethod
-    def _copy_rate(cls, v):
-        try:
-            return None if v is None else parse_bandwidth(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("message_overhead")
-    @classmethod
-    def _overhead(cls, v):
-        try:
-            return None if v is None else parse_time(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
 
 
 class LinkSpec(_Strict):
     a: str
     b: str
-    bandwidth: float | str
-    latency: float | str = 0.0
+    bandwidth: Bandwidth
+    latency: Duration = 0.0
     duplex: Literal["full", "half"] = "full"
-
-    @field_validator("bandwidth")
-    @classmethod
-    def _bandwidth(cls, v):
-        try:
-            return parse_bandwidth(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-
-    @field_validator("latency")
-    @classmethod
-    def _latency(cls, v):
-        try:
-            return parse_time(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
 
 
 class TopologySpec(_Strict):
