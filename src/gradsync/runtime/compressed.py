@@ -117,28 +117,16 @@ def emulate(compression, inputs: list, algorithm: str = "ring", op: str = "sum",
     >>> emulate("topk:ratio=1", [torch.ones(3), torch.ones(3)]).tolist()
     [2.0, 2.0, 2.0]
     """
-    import threading
     import time
 
     from ..compression import make
-    from .transport import MemoryTransport
+    from .transport.memory import run_threads
 
-    transports = MemoryTransport.group(len(inputs))
-    out = [None] * len(inputs)
+    def rank(r, transport):
+        exchange = TransportExchange(transport, algorithm, options, time.monotonic() + 60)
+        return CompressedAllReduce(inputs[r].clone(), make(compression), exchange, op).start(inline=True).wait()
 
-    def rank(r):
-        try:
-            x = inputs[r].clone()
-            exchange = TransportExchange(transports[r], algorithm, options, time.monotonic() + 60)
-            out[r] = CompressedAllReduce(x, make(compression), exchange, op).start(inline=True).wait()
-        except Exception as exc:       # noqa: BLE001 - raised below, in the caller's thread
-            out[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    out = run_threads(rank, len(inputs), join=120)
     for x in out:
         if isinstance(x, Exception):
             raise x

@@ -109,3 +109,28 @@ class MemoryTransport:
 
     def close(self):
         pass
+
+
+def run_threads(fn, size: int, seed: int = 0, join: float = 60.0) -> list:
+    """``fn(rank, transport)`` on every rank of one in-memory group, each rank a thread of this
+    process; per rank what it returned or the exception it raised (None if it did not finish
+    within ``join`` seconds).
+
+    >>> run_threads(lambda rank, transport: rank * 10, 3)
+    [0, 10, 20]
+    """
+    transports = MemoryTransport.group(size, seed)
+    out = [None] * size
+
+    def rank(r):
+        try:
+            out[r] = fn(r, transports[r])
+        except Exception as exc:       # noqa: BLE001 - handed to the caller
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join)
+    return out
