@@ -114,17 +114,28 @@ def p2p_times(rank: int, workers: int, repeats: int) -> dict:
     return {key: statistics.median(v) for key, v in samples.items()}
 
 
+def _local_rates(rank: int, workers: int, repeats: int) -> tuple[float, float]:
+    """This rank's adds per second and CERAR codec multiply-adds per second."""
+    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
+    add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
+    return add_rate, codec_madd_rate(rank, workers, repeats)
+
+
+def _ring_times(repeats: int, size: int, group=None) -> list[float]:
+    """Median seconds of the ring all-reduce at each of FIT_BYTES over ``group`` (``size`` ranks)."""
+    bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
+    calls = {k: (lambda buf=buf: all_reduce(buf, group=group, check=False)) for k, buf in enumerate(bufs)}
+    samples = time_in_blocks(calls, repeats, lambda: dist.barrier(group=group),
+                             before=lambda k: bufs[k].div_(size))           # stays finite
+    return [statistics.median(samples[k]) for k in range(len(bufs))]
+
+
 def worker(rank: int, workers: int, repeats: int) -> dict | None:
     """One rank's measurements; rank 0 returns them for every rank (times: the slowest
     rank's; rates: the lowest)."""
     torch.set_num_threads(1)
-    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
-    add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
-    madd_rate = codec_madd_rate(rank, workers, repeats)
-    bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
-    calls = {k: (lambda buf=buf: all_reduce(buf, check=False)) for k, buf in enumerate(bufs)}
-    samples = time_in_blocks(calls, repeats, dist.barrier, before=lambda k: bufs[k].div_(workers))  # stays finite
-    times = [statistics.median(samples[k]) for k in range(len(bufs))]
+    add_rate, madd_rate = _local_rates(rank, workers, repeats)
+    times = _ring_times(repeats, workers)
     p2p = p2p_times(rank, workers, repeats)
     keys = sorted(p2p, key=str)
     stats = torch.tensor(times + [p2p[k] for k in keys] + [-add_rate, -madd_rate], dtype=torch.float64)
@@ -337,19 +348,13 @@ def machines_worker(rank: int, workers: int, repeats: int, local: int) -> dict |
     machines = workers // local
     inside = [dist.new_group(list(range(m * local, (m + 1) * local))) for m in range(machines)]
     across = dist.new_group([m * local for m in range(machines)])        # every rank creates every group
-    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
-    add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
-    madd_rate = codec_madd_rate(rank, workers, repeats)
+    add_rate, madd_rate = _local_rates(rank, workers, repeats)
     times = torch.zeros(2, len(FIT_BYTES), dtype=torch.float64)
     for level, group, size, member in ((0, inside[rank // local], local, True),
                                        (1, across, machines, rank % local == 0)):
         dist.barrier()
         if member:
-            bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
-            calls = {k: (lambda buf=buf: all_reduce(buf, group=group, check=False)) for k, buf in enumerate(bufs)}
-            samples = time_in_blocks(calls, repeats, lambda: dist.barrier(group=group),
-                                     before=lambda k: bufs[k].div_(size))
-            times[level] = torch.tensor([statistics.median(samples[k]) for k in range(len(bufs))])
+            times[level] = torch.tensor(_ring_times(repeats, size, group))
     stats = torch.cat([times.flatten(), torch.tensor([-add_rate, -madd_rate], dtype=torch.float64)])
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     if rank:

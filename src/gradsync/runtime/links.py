@@ -147,7 +147,7 @@ class SlowLinks:
     def _shape(self, machine: int, rate: float, verb: str):
         burst = max(32 * 1024, int(rate / 100))          # at least one timer tick's worth
         for dev, where in ((self.interface, self.namespaces[machine]),
-                           (f"{self._tag}v{machine}b", f"{self._tag}-sw")):    # both directions
+                           (f"{self._tag}v{machine}b", self.switch)):    # both directions
             _ip("tc", "qdisc", verb, "dev", dev, "root", "tbf", "rate", f"{int(rate * 8)}bit",
                 "burst", str(burst), "latency", f"{self.queue_ms}ms", ns=where)
 
