@@ -100,3 +100,23 @@ def test_a_slow_machine_slows_the_ring_to_its_rate():
         seconds = run(bodies.timed_ring, 2, 1 << 20, network=net)[0]
     busbw = 4 * (1 << 20) / seconds              # N = 2: each worker sends the buffer once
     assert 0.5 * 3.125e6 <= busbw <= 1.1 * 3.125e6, busbw    # the slow link's rate, not the others'
+
+
+@pytest.mark.slow
+@root_only
+def test_calibrate_on_slow_links_measures_the_links_and_writes_them(tmp_path):
+    from gradsync.runtime import calibrate
+    from gradsync.topology import load
+
+    with links.SlowLinks(2, "100Mbit") as net:
+        fit = calibrate.calibrate(2, repeats=3, launches=1, network=net)
+    node, rate = fit["node"], 12.5e6
+    assert max(fit["fit_sizes"]) <= calibrate.link_max_bytes(rate)         # no minute-long messages
+    assert 0.5 * rate <= node["one_way_Bps"] <= 1.1 * rate, node["one_way_Bps"]
+    # both ends are shaped apart: an exchange gets the link's rate each way (full duplex)
+    assert node["duplex"] == "full" and node["exchange_Bps_per_direction"] >= 0.75 * node["one_way_Bps"]
+    path = calibrate.write(fit, tmp_path / "c.json")
+    topo = load(str(path))
+    worker_links = [l.bandwidth for l in topo.links if l.a.startswith("worker")]
+    assert all(0.5 * rate <= bw <= 1.2 * rate for bw in worker_links), worker_links
+    assert "100 Mbit/s links" in topo.description

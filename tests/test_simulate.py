@@ -238,10 +238,22 @@ def test_fan_in_slows_a_receiver_per_extra_concurrent_sender():
                     itemsize=1).time == pytest.approx(1e-3)
 
 
+def test_collective_overhead_delays_each_node_first_round_once():
+    one = handmade(2, [(0, 0, 1, 0, 1000, REDUCE), (1, 1, 0, 0, 1000, REDUCE)])
+    plain = simulate(one, star_with({}, 2), itemsize=1)
+    late = simulate(one, star_with({"collective_overhead": 2e-3}, 2), itemsize=1)
+    assert late.start.tolist() == pytest.approx([2e-3, plain.start[1] + 2e-3], rel=1e-12)   # not per round
+    assert late.time == pytest.approx(plain.time + 2e-3, rel=1e-12)
+    # a receiver that starts late holds back its sender: a transfer starts when both ends are in its round
+    nodes = (Node("w0", "host"), Node("w1", "host", collective_overhead=5e-3), Node("sw", "switch"))
+    topo = Topology("star", nodes, (Link("w0", "sw", 1e9), Link("w1", "sw", 1e9)), ("w0", "w1"))
+    assert simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), topo, itemsize=1).start[0] == pytest.approx(5e-3)
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "sharded", "host"])
 def test_symmetric_shortcut_holds_with_node_costs(algorithm):
-    nodes = [Node(f"w{i}", "host", 2e9, None, 3e9, 20e-6, 0.1) for i in range(5)]
-    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1), Node("sw", "switch")]
+    nodes = [Node(f"w{i}", "host", 2e9, None, 3e9, 20e-6, 0.1, 1e-3) for i in range(5)]
+    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1, 1e-3), Node("sw", "switch")]
     links = [Link(n.name, "sw", 5e9, 1e-6, "half") for n in nodes[:-1]]
     topo = Topology("costly", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(5)), host="ps")
     s = schedule(algorithm, 5, 5 * 4000)

@@ -770,8 +770,11 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
 @click.option("--repeats", type=click.IntRange(3, 1000), default=10, show_default=True)
 @click.option("--launches", type=click.IntRange(1, 100), default=3, show_default=True,
               help="Separate process groups to measure; their medians are fitted.")
+@click.option("--link-bandwidth", default=None,
+              help="Calibrate over emulated slow links (e.g. 100Mbit), as 'bench --link-bandwidth' runs: each "
+                   "worker in its own network namespace (root); messages up to half a second on the link.")
 @format_option
-def calibrate(workers, out, repeats, launches, fmt):
+def calibrate(workers, out, repeats, launches, link_bandwidth, fmt):
     """Measure latency, bandwidth and compute between local workers (or, under torchrun, mpirun
     or srun, between the job's ranks: inside and between machines apart); write a topology file."""
     from .runtime import calibrate as cal
@@ -781,11 +784,15 @@ def calibrate(workers, out, repeats, launches, fmt):
         raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
     _writable(out, "--out")
     if launched() is not None:            # started by torchrun (mpirun, srun): one rank of a job across machines
+        if link_bandwidth:
+            raise click.BadParameter("under a launcher the ranks' own network is measured; drop it",
+                                     param_hint="'--link-bandwidth'")
         fit = cal.calibrate_launched(repeats)
         if fit is None:
             return                        # rank 0 reports
     else:
-        fit = cal.calibrate(workers, repeats, launches)
+        with _links(workers, link_bandwidth) as network:
+            fit = cal.calibrate(workers, repeats, launches, network=network)
     path = cal.write(fit, out)
     fit["topology_file"] = str(path)
 
@@ -805,20 +812,26 @@ def calibrate(workers, out, repeats, launches, fmt):
             click.echo(f"use it: gradsync bench --workers {n} --topology {path}")
             return
         node, check, workers = f["node"], f["ring_check"], f["workers"]
-        click.echo(f"calibrated {workers} workers -> {path}")
-        click.echo("measured: point-to-point over Gloo, k = 1..N-1 senders into one worker and an exchange "
-                   "between two, 4 KB-32 MB; adds; CERAR's codec; ring all-reduce 256 KB-64 MB (a check)")
+        p2p = sorted(int(n) for n in node["measured"]["exchange_s"])
+        click.echo(f"calibrated {workers} workers" + (f" on emulated {link_bandwidth} links" if link_bandwidth else "")
+                   + f" -> {path}")
+        click.echo(f"measured: point-to-point over Gloo, k = 1..N-1 senders into one worker and an exchange "
+                   f"between two, {format_size(p2p[0])}-{format_size(p2p[-1])}; adds; CERAR's codec; ring "
+                   f"all-reduce {format_size(int(f['fit_sizes'][0]))}-{format_size(int(f['fit_sizes'][-1]))} (a check)")
         _print_table(["written to the topology", "value", "from"], [
             ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0" if workers > 2
              else "one-way: fixed cost"],
             ["overhead per message", format_time(node["message_overhead_s"]),
              f"ring's per-round cost less latency, / 2 (bare transport: {format_time(node['transport_message_overhead_s'])})"],
+            ["overhead per collective", format_time(node.get("collective_overhead_s", 0.0)),
+             "ring all-reduce of 4 KB with and without the ranks' agreement on the call"],
             ["copy rate per node", "(the machine's, below)" if node["machine_limited"] else
              f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
              f"ring's per-byte cost (bare transport: {node['transport_copy_rate_Bps'] / 1e9:.3g} GB/s)"],
             ["copy rate of the machine", f"{node['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if node["machine_limited"]
-             else "(not the limit)", "fan-in, exchange and one-way move the same total: one shared limit"
-             if node["machine_limited"] else "fan-in, exchange and one-way totals differ"],
+             else "(not the limit)", f"two disjoint transfers at once moved {node['pairs_over_one_way']:.2g} x one "
+             "alone (1: one shared limit, 2: per node)" if node.get("pairs_over_one_way") else
+             "(needs 4+ workers to tell: per node)"],
             ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
             ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
                                        f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],

@@ -8,8 +8,9 @@ Model:
   of its previous round are delivered and its work for that round is done: each element it
   received to add in (REDUCE, or CODED: a packet is combined with one add) at the node's
   ``reduce_rate``, and the round's compute multiply-adds at its ``madd_rate`` (free where the
-  topology sets none). A transfer starts when both ends have started its round (receives are
-  posted). There is no global barrier.
+  topology sets none), plus its ``message_overhead`` per message. Its first round starts after
+  its ``collective_overhead``. A transfer starts when both ends have started its round
+  (receives are posted). There is no global barrier.
 
 The loop advances from one event time to the next, handling every event at that time at
 once with numpy, so a ring of 1024 workers is a few thousand steps, not millions.
@@ -219,7 +220,7 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4, symmetry
     start, sent, done, node_done, busy = _run(system.paths, system.latency, system.nbytes, system.capacity,
                                               system.weight, system.step_src, system.step_dst,
                                               system.step_node, system.work_time, system.nodes,
-                                              system.inbound, system.fan_in)
+                                              system.start_at, system.inbound, system.fan_in)
     carried = np.bincount(system.paths.ravel(), weights=np.repeat(system.nbytes, system.paths.shape[1]),
                           minlength=len(system.capacity)) * system.weight
     carried[-1] = busy[-1] = 0.0                          # the padding channel
@@ -244,6 +245,7 @@ class _Net:
     add_rate: np.ndarray          # per schedule node
     madd_rate: np.ndarray
     overhead: np.ndarray          # seconds per message
+    startup: np.ndarray           # seconds before the first round
 
     @property
     def padding(self) -> int:
@@ -262,7 +264,8 @@ class _Net:
         fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
         return cls(topology, names, capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
                    np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
-                   np.array([n.message_overhead or 0.0 for n in nodes]))
+                   np.array([n.message_overhead or 0.0 for n in nodes]),
+                   np.array([n.collective_overhead or 0.0 for n in nodes]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -284,6 +287,7 @@ class _System:
     step_node: np.ndarray
     work_time: np.ndarray
     nodes: int
+    start_at: np.ndarray          # per system node: when its first round can start
     flow_round: np.ndarray
     node_of: np.ndarray
     channel_of: np.ndarray
@@ -301,8 +305,8 @@ def _full(schedule, net, itemsize) -> _System:
                    adds, np.ones(nodes), net.add_rate, net.madd_rate, net.overhead)
     inverse = inverse.reshape(-1)
     return _System(paths[inverse], net.capacity, net.fan_in, net.node_channel[t["dst"]], latency[inverse],
-                   t["count"].astype(float) * itemsize, np.ones(len(net.capacity)), *steps, nodes, t["round"],
-                   np.arange(nodes), np.arange(len(net.capacity)), None)
+                   t["count"].astype(float) * itemsize, np.ones(len(net.capacity)), *steps, nodes, net.startup,
+                   t["round"], np.arange(nodes), np.arange(len(net.capacity)), None)
 
 
 def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
@@ -315,7 +319,7 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     (fixed by the rotation) does the work of N times block 0's transfers into it."""
     n, t, c, nodes = schedule.workers, schedule.transfers, schedule.compute, schedule.nodes
     padding = net.padding
-    if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead)):
+    if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead, net.startup)):
         return None
     rep = t[rep]
     pairs = np.unique(rep["src"].astype(np.int64) * nodes + rep["dst"])
@@ -359,7 +363,8 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     return _System(channel_of[paths[0][which]], np.append(net.capacity[crossed], np.inf),
                    np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[rep["dst"]]], latency[0][which],
                    rep["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
-                   *steps, 1 + len(schedule.helpers), rep["round"], q(np.arange(nodes)), channel_of, orbit)
+                   *steps, 1 + len(schedule.helpers), helpers_after_worker0(net.startup), rep["round"],
+                   q(np.arange(nodes)), channel_of, orbit)
 
 
 def _steps(src, dst, rnd, rounds, comp_node, comp_round, comp_madds, adds, node_weight,
@@ -411,9 +416,10 @@ def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray, 
 
 
 def _run(paths, latency, nbytes, capacity, weight, step_src, step_dst, step_node, work_time, nodes,
-         inbound, fan_in):
+         start_at, inbound, fan_in):
     """The event loop: per flow its start, send end and delivery; per node when it finished;
-    per channel the time it carried a flow. Flows crossing a channel share it max-min fairly."""
+    per channel the time it carried a flow. Flows crossing a channel share it max-min fairly.
+    A node's first step is ready at ``start_at`` of the node."""
     n_fl, n_steps = len(paths), len(step_node)
     is_last = np.append(step_node[1:] != step_node[:-1], True)
     ends = np.concatenate([step_src, step_dst])
@@ -426,7 +432,7 @@ def _run(paths, latency, nbytes, capacity, weight, step_src, step_dst, step_node
     node_done = np.zeros(nodes)
     busy = np.zeros(len(capacity))
     first_steps = np.flatnonzero(np.diff(step_node, prepend=-1))   # empty for an empty schedule
-    pending, pending_at = first_steps, np.zeros(len(first_steps))
+    pending, pending_at = first_steps, start_at[step_node[first_steps]].astype(float)
     active, remaining = np.empty(0, np.int64), np.empty(0)
     flying, flying_at = np.empty(0, np.int64), np.empty(0)
     rate, now = np.empty(0), 0.0

@@ -5,17 +5,23 @@ Two models are measured in the same launches:
 - **node costs** (written to the topology): point-to-point messages over the transport the
   runtime uses (Gloo), timed as ``gradsync bench`` times (blocks of back-to-back calls, the
   cases taking turns): k = 1..N-1 workers sending n bytes each to worker 0 at once (fan-in),
-  and two workers exchanging n bytes (both directions at once), at sizes 4 KB-32 MB. Each
-  case is fitted to T = a + k n / R by least squares on relative error. Then: the
-  per-message overhead o is the slope of a over k (a receiver pays o per message) and the
-  latency the rest of a; the node's copy rate C and its incast factor f come from
-  1 / R(k) = (1 + f (k - 1)) / C, a straight line in k; and the exchange says whether a node's
-  sending and receiving share its copy rate (half duplex: each direction gets about R(1) / 2;
-  the exchange then joins the line as a point at k = 1 with rate 2 x its per-direction rate)
-  or not (full duplex). The adds are timed apart (``add_rate``), as is CERAR's codec.
+  two workers exchanging n bytes (both directions at once), and with 4+ workers two disjoint
+  pairs sending at once, at sizes 4 KB-32 MB. Each case is fitted to T = a + k n / R by least
+  squares on relative error. Then: the per-message overhead o is the slope of a over k (a
+  receiver pays o per message) and the latency the rest of a; the node's copy rate C and its
+  incast factor f come from 1 / R(k) = (1 + f (k - 1)) / C, a straight line in k; the
+  exchange says whether a node's sending and receiving share its copy rate (half duplex:
+  each direction gets about R(1) / 2; the exchange then joins the line as a point at k = 1
+  with rate 2 x its per-direction rate) or not (full duplex); and the disjoint pairs whether
+  the limit is each node's or one the whole machine shares. The adds are timed apart
+  (``add_rate``), as is CERAR's codec, and so is the runtime's agreement on each call: a
+  4 KB ring all-reduce with and without it (``collective_overhead``).
 - **ring fit** (kept for comparison, the earlier calibration): ring all-reduce times T(n) at
-  256 KB-64 MB fitted to T = A + B n, giving a per-round latency alpha = A / 2(N-1) and,
+  4 KB-64 MB fitted to T = A + B n, giving a per-round latency alpha = A / 2(N-1) and,
   less the adds, a bandwidth.
+
+On emulated slow links (``network``) messages are timed up to half a second of the link's
+rate, so that 100 Mbit/s takes minutes, not an hour.
 
 The topology gets the node costs as the runtime pays them (``runtime_node``): the ring's
 per-round and per-byte costs set the per-message overhead and the copy rate, the raw
@@ -27,6 +33,7 @@ measured ring times (not independent: the ring set two of the terms).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -39,7 +46,7 @@ from .api import all_reduce
 from .bench import time_in_blocks
 
 LARGE_BYTES = 32 << 20
-FIT_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+FIT_BYTES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 CODEC_ELEMENTS = 1 << 22      # 16 MB of float32
 
 
@@ -82,18 +89,40 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
 
 
 P2P_BYTES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
-MACHINE_SPREAD = 1.25        # totals within this factor of each other: one shared machine-wide rate
 HALF_DUPLEX_BELOW = 0.75      # exchange rate per direction, as a fraction of one-way, below which sends and receives share
+LINK_SECONDS = 0.5            # on emulated links, time messages up to this long on the wire
+AGREEMENT_ELEMENTS = 1024     # a ring all-reduce this small is all fixed costs
 
 
-def p2p_times(rank: int, workers: int, repeats: int) -> dict:
+def sizes_for(sizes, max_bytes: float | None) -> tuple[int, ...]:
+    """The message sizes to measure on links of a limited rate: those of ``sizes`` up to
+    ``max_bytes``, and never fewer than the smallest three (a line needs three points).
+
+    >>> sizes_for((1, 10, 100, 1000), 150), sizes_for((1, 10, 100, 1000), 5), sizes_for((1, 10), None)
+    ((1, 10, 100), (1, 10, 100), (1, 10))
+    """
+    if max_bytes is None:
+        return tuple(sizes)
+    return tuple(n for i, n in enumerate(sizes) if n <= max_bytes or i < 3)
+
+
+def link_max_bytes(rate_Bps: float) -> float:
+    """The largest message worth timing on a link of ``rate_Bps``: half a second's worth, so
+    that a calibration on 100 Mbit/s links takes minutes, not an hour (``link_max_bytes(12.5e6)``
+    is 6.25 MB)."""
+    return rate_Bps * LINK_SECONDS
+
+
+def p2p_times(rank: int, workers: int, repeats: int, sizes=P2P_BYTES) -> dict:
     """This rank's median seconds per call of: k workers (1..k) sending n bytes each to
     worker 0 at once, for k = 1..N-1 (``("fan", k, n)``), and workers 0 and 1 exchanging n
-    bytes (``("swap", n)``), n in ``P2P_BYTES``. Ranks outside a case return at once."""
-    send = {n: torch.ones(n // 4) for n in P2P_BYTES}
-    recv = {n: [torch.empty(n // 4) for _ in range(workers)] for n in P2P_BYTES}
+    bytes (``("swap", n)``), and with 4 or more workers, 0 -> 1 and 2 -> 3 at once (``("pairs",
+    n)``: do disjoint transfers share a limit?), n in ``sizes``. Ranks outside a case return
+    at once."""
+    send = {n: torch.ones(n // 4) for n in sizes}
+    recv = {n: [torch.empty(n // 4) for _ in range(workers)] for n in sizes}
     calls = {}
-    for n in P2P_BYTES:
+    for n in sizes:
         for k in range(1, workers):
             def fan(n=n, k=k):
                 if rank == 0:
@@ -110,6 +139,14 @@ def p2p_times(rank: int, workers: int, repeats: int) -> dict:
                 dist.isend(send[n], peer).wait()
                 got.wait()
         calls[("swap", n)] = swap
+
+        def pairs(n=n):
+            if rank in (0, 2):
+                dist.send(send[n], rank + 1)
+            elif rank in (1, 3):
+                dist.recv(recv[n][rank - 1], rank - 1)
+        if workers >= 4:
+            calls[("pairs", n)] = pairs
     samples = time_in_blocks(calls, repeats, dist.barrier)
     return {key: statistics.median(v) for key, v in samples.items()}
 
@@ -121,53 +158,79 @@ def _local_rates(rank: int, workers: int, repeats: int) -> tuple[float, float]:
     return add_rate, codec_madd_rate(rank, workers, repeats)
 
 
-def _ring_times(repeats: int, size: int, group=None) -> list[float]:
-    """Median seconds of the ring all-reduce at each of FIT_BYTES over ``group`` (``size`` ranks)."""
-    bufs = [torch.randn(nbytes // 4) for nbytes in FIT_BYTES]
+def _ring_times(repeats: int, size: int, group=None, sizes=FIT_BYTES) -> list[float]:
+    """Median seconds of the ring all-reduce at each of ``sizes`` over ``group`` (``size`` ranks)."""
+    bufs = [torch.randn(nbytes // 4) for nbytes in sizes]
     calls = {k: (lambda buf=buf: all_reduce(buf, group=group, check=False)) for k, buf in enumerate(bufs)}
     samples = time_in_blocks(calls, repeats, lambda: dist.barrier(group=group),
                              before=lambda k: bufs[k].div_(size))           # stays finite
     return [statistics.median(samples[k]) for k in range(len(bufs))]
 
 
-def worker(rank: int, workers: int, repeats: int) -> dict | None:
-    """One rank's measurements; rank 0 returns them for every rank (times: the slowest
-    rank's; rates: the lowest)."""
+def agreement_times(repeats: int) -> tuple[float, float]:
+    """Median seconds of a small ring all-reduce (AGREEMENT_ELEMENTS floats) with the ranks'
+    agreement on the call (``check``, the default) and without: their difference is what the
+    agreement adds to every collective, which no schedule describes."""
+    x = torch.ones(AGREEMENT_ELEMENTS)
+    calls = {"checked": lambda: all_reduce(x, check=True), "unchecked": lambda: all_reduce(x, check=False)}
+    samples = time_in_blocks(calls, 2 * repeats, dist.barrier, before=lambda name: x.fill_(1.0))
+    return statistics.median(samples["checked"]), statistics.median(samples["unchecked"])
+
+
+def worker(rank: int, workers: int, repeats: int, max_bytes: float | None = None) -> dict | None:
+    """One rank's measurements, messages up to ``max_bytes`` (``sizes_for``); rank 0 returns
+    them for every rank (times: the slowest rank's; rates: the lowest)."""
     torch.set_num_threads(1)
+    ring_sizes, p2p_sizes = sizes_for(FIT_BYTES, max_bytes), sizes_for(P2P_BYTES, max_bytes)
     add_rate, madd_rate = _local_rates(rank, workers, repeats)
-    times = _ring_times(repeats, workers)
-    p2p = p2p_times(rank, workers, repeats)
+    times = _ring_times(repeats, workers, sizes=ring_sizes)
+    p2p = p2p_times(rank, workers, repeats, p2p_sizes)
+    agreement = agreement_times(repeats)
     keys = sorted(p2p, key=str)
-    stats = torch.tensor(times + [p2p[k] for k in keys] + [-add_rate, -madd_rate], dtype=torch.float64)
+    stats = torch.tensor(times + [p2p[k] for k in keys] + list(agreement) + [-add_rate, -madd_rate],
+                         dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     if rank:
         return None
-    p2p = dict(zip(keys, stats[len(times):-2].tolist()))
-    return {"times": stats[:len(times)].tolist(), "add_rate": -stats[-2].item(), "madd_rate": -stats[-1].item(),
-            "fan_in_s": {f"{k}x{n}": p2p[("fan", k, n)] for k in range(1, workers) for n in P2P_BYTES},
-            "exchange_s": {str(n): p2p[("swap", n)] for n in P2P_BYTES}}
+    p2p = dict(zip(keys, stats[len(times):-4].tolist()))
+    return {"sizes": list(ring_sizes), "times": stats[:len(times)].tolist(), "add_rate": -stats[-2].item(),
+            "madd_rate": -stats[-1].item(), "agreement_s": stats[-4:-2].tolist(),
+            "fan_in_s": {f"{k}x{n}": p2p[("fan", k, n)] for k in range(1, workers) for n in p2p_sizes},
+            "exchange_s": {str(n): p2p[("swap", n)] for n in p2p_sizes},
+            "pairs_s": {str(n): p2p[("pairs", n)] for n in p2p_sizes if ("pairs", n) in p2p}}
 
 
-def calibrate(workers: int, repeats: int = 10, launches: int = 3) -> dict:
+def calibrate(workers: int, repeats: int = 10, launches: int = 3, network=None) -> dict:
     """Measure ``workers`` local workers in ``launches`` separate process groups and fit the
     medians: on a shared machine a process group settles into a fast or a slow state for its
     whole life (here 0.5 ms or 2 ms per 1 MB ring all-reduce), so one launch can mislead.
+    ``network``: a ``links.SlowLinks`` (entered) the workers run behind; messages are then
+    timed up to ``link_max_bytes`` of its rate.
 
     Example: ``calibrate(4)["round_latency_s"]``.
     """
     from .launch import run
 
-    return fit_launches(workers, [run(worker, workers, repeats)[0] for _ in range(launches)])
+    cap = None if network is None else link_max_bytes(network.rate)
+    result = fit_launches(workers, [run(worker, workers, repeats, cap, network=network)[0] for _ in range(launches)])
+    if network is not None:
+        result["link_Bps"] = network.rate
+    return result
 
 
 def fit_launches(workers: int, runs: list[dict]) -> dict:
     """Fit the medians of several launches' ``worker`` measurements (ring, node costs, check)."""
-    times = [statistics.median(r["times"][k] for r in runs) for k in range(len(FIT_BYTES))]
-    result = fit(workers, list(FIT_BYTES), times, statistics.median(r["add_rate"] for r in runs),
+    sizes = runs[0].get("sizes", list(FIT_BYTES))
+    times = [statistics.median(r["times"][k] for r in runs) for k in range(len(sizes))]
+    result = fit(workers, list(sizes), times, statistics.median(r["add_rate"] for r in runs),
                  statistics.median(r["madd_rate"] for r in runs))
     fan = {key: statistics.median(r["fan_in_s"][key] for r in runs) for key in runs[0]["fan_in_s"]}
     swap = {key: statistics.median(r["exchange_s"][key] for r in runs) for key in runs[0]["exchange_s"]}
-    result["node"] = runtime_node(result, fit_node(workers, fan, swap))
+    pairs = {key: statistics.median(r["pairs_s"][key] for r in runs) for key in runs[0].get("pairs_s", {})}
+    result["node"] = runtime_node(result, fit_node(workers, fan, swap, pairs))
+    if all("agreement_s" in r for r in runs):          # checked - unchecked, the launches' medians
+        checked, unchecked = (statistics.median(r["agreement_s"][i] for r in runs) for i in (0, 1))
+        result["node"]["collective_overhead_s"] = max(checked - unchecked, 0.0)
     result["ring_check"] = ring_check(result)
     result["launches"] = runs
     return result
@@ -182,7 +245,14 @@ def _line(x, y):
     return float(p), float(q), float(np.abs((p + q * x) / y - 1).max())
 
 
-def fit_node(workers: int, fan: dict, swap: dict) -> dict:
+def _rate(times: dict) -> float:
+    """Bytes per second of the line fitted to ``times`` (``"n"`` -> seconds)."""
+    sizes = sorted(int(n) for n in times)
+    slope = _line(sizes, [times[str(n)] for n in sizes])[1]
+    return 1 / slope if slope > 0 else float("inf")
+
+
+def fit_node(workers: int, fan: dict, swap: dict, pairs: dict | None = None) -> dict:
     """Node costs from fan-in times (``"kxn"`` -> seconds) and exchange times (``"n"`` -> seconds).
 
     >>> o, lat, c, f = 20e-6, 50e-6, 1e9, 0.2      # fan-in of k: lat + k o + k n (1 + f (k - 1)) / c
@@ -222,7 +292,8 @@ def fit_node(workers: int, fan: dict, swap: dict) -> dict:
             "fan_in_fits": {str(k): v for k, v in per_k.items()},
             "fan_in_rate_worst_error": max(abs(predicted[k] / per_k[k]["rate_Bps"] - 1) for k in ks),
             "exchange_worst_residual": worst2,
-            "measured": {"fan_in_s": fan, "exchange_s": swap}}
+            "pairs_Bps_per_pair": _rate(pairs) if pairs else None,
+            "measured": {"fan_in_s": fan, "exchange_s": swap, "pairs_s": pairs or {}}}
 
 
 def runtime_node(ring: dict, raw: dict) -> dict:
@@ -232,13 +303,14 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     So: per-message overhead o = (alpha - latency) / 2, alpha the ring's per-round cost (a
     round is one send and one receive per node); and the copy rate C the ring's per-byte
     cost implies: a node moves 2 n/N per round, so C = 2 x the ring fit's bandwidth where the
-    node is half duplex (the ring's link bandwidth where full). Where fan-in, exchange and
-    one-way transfers all move about the same total (``MACHINE_SPREAD``), the machine is the
-    limit: ``machine_limited``, with a machine-wide copy rate of N x the ring's bandwidth (a
-    ring round moves n bytes in all). The raw figures are kept, prefixed ``transport_``.
+    node is half duplex (the ring's link bandwidth where full). The machine is the limit
+    (``machine_limited``, with a machine-wide copy rate of N x the ring's bandwidth: a ring
+    round moves n bytes in all) where two disjoint transfers at once moved less than sqrt(2)
+    x what one moves alone (``pairs_over_one_way``; 2 with per-node limits, 1 with a shared
+    one; needs 4 workers). The raw figures are kept, prefixed ``transport_``.
 
     >>> raw = {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half",
-    ...        "fan_in_fits": {"1": {"rate_Bps": 2e9}, "2": {"rate_Bps": 2.1e9}}, "exchange_Bps_per_direction": 1e9}
+    ...        "one_way_Bps": 2e9, "pairs_Bps_per_pair": 1.1e9}       # two pairs at once: 2.2 GB/s in all
     >>> out = runtime_node({"workers": 3, "round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9}, raw)
     >>> round(out["message_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["transport_copy_rate_Bps"] / 1e9
     (100, 1.0, 2.0)
@@ -250,12 +322,15 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     out["message_overhead_s"] = max((ring["round_latency_s"] - raw["latency_s"]) / 2, 0.0)
     bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
     out["copy_rate_Bps"] = (2 if raw["duplex"] == "half" else 1) * bandwidth
-    # One machine's processes: if every pattern moves about the same total (k senders into
-    # one, an exchange, one way), the limit is the machine's memory and cores, which every
-    # transfer crosses, not any one node. A ring round moves n bytes in all: C = N x bandwidth.
-    totals = [v["rate_Bps"] for v in raw["fan_in_fits"].values()] + [2 * raw["exchange_Bps_per_direction"]]
-    out["machine_limited"] = max(totals) <= MACHINE_SPREAD * min(totals)
+    # One machine's processes: the limit may be the machine's memory and cores, which every
+    # transfer crosses, rather than any one node. Two disjoint transfers at once tell: with
+    # per-node limits they move twice what one moves, with one shared limit the same. The
+    # machine is the limit where they moved less than the geometric middle, sqrt(2) x one.
+    # A ring round moves n bytes in all: the machine's copy rate is N x bandwidth.
     out["machine_copy_rate_Bps"] = ring["workers"] * bandwidth
+    pair = raw.get("pairs_Bps_per_pair")
+    out["pairs_over_one_way"] = 2 * pair / raw["one_way_Bps"] if pair else None
+    out["machine_limited"] = bool(pair) and out["pairs_over_one_way"] < math.sqrt(2)
     return out
 
 
@@ -303,7 +378,8 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
     the nodes limit; where it showed them independent (full duplex) the one-way rate goes on
     full-duplex links instead and the nodes get no copy channel. Where the machine is the
     limit (``machine_limited``), the switch, which every transfer crosses, gets the copy rate
-    instead of the nodes. Without node costs: the ring fit."""
+    instead of the nodes. The host ("ps") hangs off worker 0, whose process runs it. Without
+    node costs: the ring fit."""
     n = fit["workers"]
     rates = {"reduce_rate": fit["add_rate"], "madd_rate": fit["madd_rate"]}
     node = fit.get("node")
@@ -313,6 +389,8 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
                                                       f"{bandwidth / 1e9:.2f} GB/s per direction")
     else:
         costs = {"message_overhead": node["message_overhead_s"]}
+        if node.get("collective_overhead_s"):
+            costs["collective_overhead"] = node["collective_overhead_s"]
         if node.get("machine_limited"):
             bandwidth = 1e12
         elif node["duplex"] == "half":
@@ -323,6 +401,7 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
         rates.update(costs)
         latency = node["latency_s"] / 2
         what = (f"{node['latency_s'] * 1e6:.0f} us latency, {node['message_overhead_s'] * 1e6:.0f} us per message, "
+                f"{node.get('collective_overhead_s', 0.0) * 1e6:.0f} us per collective, "
                 + (f"{node['machine_copy_rate_Bps'] / 1e9:.2f} GB/s for the machine, shared by every transfer"
                    if node.get("machine_limited") else
                    f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
@@ -331,9 +410,14 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
     switch = {"name": "switch", "kind": "switch"}
     if node is not None and node.get("machine_limited"):
         switch["copy_rate"] = node["machine_copy_rate_Bps"]   # every transfer between the processes crosses it
-    nodes += [{"name": "ps", "kind": "cpu", **rates}, switch]
-    links = [{"a": node_["name"], "b": "switch", "bandwidth": bandwidth, "latency": latency} for node_ in nodes[:-1]]
-    return {"name": name, "description": f"{n} local workers, calibrated by gradsync calibrate: {what}",
+    # the runtime runs the host's aggregation in worker 0's process: its transfers cross worker 0's
+    # link and copy channel, and worker 0's own to it stay in the process
+    nodes += [{"name": "ps", "kind": "cpu", **{k: v for k, v in rates.items() if k not in ("copy_rate", "fan_in")}},
+              switch]
+    links = [{"a": node_["name"], "b": "switch", "bandwidth": bandwidth, "latency": latency} for node_ in nodes[:n]]
+    links.append({"a": "ps", "b": "worker0", "bandwidth": 1e12, "latency": 0.0})
+    where = f" on emulated {fit['link_Bps'] * 8 / 1e6:g} Mbit/s links" if fit.get("link_Bps") else ""
+    return {"name": name, "description": f"{n} local workers{where}, calibrated by gradsync calibrate: {what}",
             "nodes": nodes, "links": links, "workers": [f"worker{i}" for i in range(n)], "host": "ps"}
 
 

@@ -35,6 +35,8 @@ class Node:
     message_overhead: float | None = None   # seconds of the node's time per message sent or received (LogGP's o)
     fan_in: float | None = None        # incast: each concurrent incoming transfer beyond the first costs this
                                        # fraction more of the copy rate (rate / (1 + fan_in (k - 1)))
+    collective_overhead: float | None = None   # seconds of the node's time before each collective's first round
+                                               # (gradsync's runtime: the ranks' agreement on the call)
 
 
 @dataclass(frozen=True)
@@ -194,9 +196,9 @@ class Topology:
 
     @cached_property
     def has_node_costs(self) -> bool:
-        """Whether any node sets a copy rate, a per-message overhead or an incast factor: terms
+        """Whether any node sets a copy rate, a per-message or per-collective overhead or an incast factor: terms
         only the simulator models (the closed forms do not)."""
-        return any(n.copy_rate or n.message_overhead or n.fan_in for n in self.nodes)
+        return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead for n in self.nodes)
 
     def node(self, name: str) -> Node:
         """The node called ``name``."""

@@ -1,0 +1,66 @@
+"""Calibration's fitting, on measurements made up from known costs (no processes started)."""
+
+import pytest
+
+from gradsync import algorithms
+from gradsync.runtime import calibrate
+from gradsync.simulate import simulate
+from gradsync.topology import from_dict
+
+N, ALPHA, BANDWIDTH, ONE_WAY = 4, 400e-6, 1e9, 2e9
+
+
+def launch(pairs_rate, checked=5e-3, unchecked=3e-3):
+    """One launch's measurements: a ring with ALPHA per round and BANDWIDTH per direction, k
+    senders into one at ONE_WAY in total, an exchange at half of it each way, and two disjoint
+    pairs at ``pairs_rate`` each."""
+    sizes = list(calibrate.FIT_BYTES)
+    ring = [2 * (N - 1) * ALPHA + 2 * (N - 1) / N * n / BANDWIDTH for n in sizes]
+    p2p = calibrate.P2P_BYTES
+    return {"sizes": sizes, "times": ring, "add_rate": 1e18, "madd_rate": 1e9,
+            "agreement_s": [checked, unchecked],
+            "fan_in_s": {f"{k}x{n}": 50e-6 + k * n / ONE_WAY for k in range(1, N) for n in p2p},
+            "exchange_s": {str(n): 50e-6 + 2 * n / ONE_WAY for n in p2p},
+            "pairs_s": {str(n): 50e-6 + n / pairs_rate for n in p2p}}
+
+
+def test_the_ring_sets_overhead_and_bandwidth_and_the_agreement_its_own_cost():
+    fit = calibrate.fit_launches(N, [launch(ONE_WAY, 5e-3, 3e-3), launch(ONE_WAY, 6e-3, 3e-3), launch(ONE_WAY, 4e-3, 3e-3)])
+    assert fit["round_latency_s"] == pytest.approx(ALPHA, rel=1e-6)
+    assert fit["bandwidth_Bps"] == pytest.approx(BANDWIDTH, rel=1e-6)
+    node = fit["node"]
+    assert node["collective_overhead_s"] == pytest.approx(2e-3)        # medians: 5 ms checked, 3 ms not
+    assert node["message_overhead_s"] == pytest.approx((ALPHA - node["latency_s"]) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("pairs_rate,shared", [(ONE_WAY, False), (ONE_WAY / 2, True), (0.6 * ONE_WAY, True)])
+def test_disjoint_pairs_decide_between_per_node_and_machine_wide_copy_rates(pairs_rate, shared):
+    node = calibrate.fit_launches(N, [launch(pairs_rate)])["node"]
+    assert node["pairs_over_one_way"] == pytest.approx(2 * pairs_rate / ONE_WAY, rel=1e-6)
+    assert node["machine_limited"] is shared
+    topo = calibrate.topology_dict({**calibrate.fit_launches(N, [launch(pairs_rate)])})
+    switch = next(n for n in topo["nodes"] if n["name"] == "switch")
+    assert ("copy_rate" in switch) is shared
+    assert all(("copy_rate" in n) is not shared for n in topo["nodes"] if n["name"].startswith("worker"))
+
+
+def test_without_four_workers_the_nodes_limit():
+    runs = [{**launch(ONE_WAY), "pairs_s": {}}]
+    assert calibrate.fit_launches(N, runs)["node"]["machine_limited"] is False
+
+
+def test_the_written_topology_times_the_ring_it_was_fitted_to_and_runs_the_host_in_worker0():
+    fit = calibrate.fit_launches(N, [launch(ONE_WAY / 2)])
+    topo = from_dict(calibrate.topology_dict(fit))
+    assert topo.route_nodes("ps", "worker1") == [topo.index[n] for n in ("ps", "worker0", "switch", "worker1")]
+    assert all(n.collective_overhead == pytest.approx(2e-3) for n in topo.nodes if n.kind != "switch")
+    for n, measured in zip(fit["fit_sizes"], fit["fit_times_s"]):
+        predicted = simulate(algorithms.build("ring", N, int(n) // 4), topo).time
+        # the collective's agreement comes on top of the ring the fit saw; the rest is the fit
+        assert predicted - 2e-3 == pytest.approx(measured, rel=0.02), n
+
+
+def test_sizes_on_slow_links_stop_at_half_a_second_of_the_link():
+    cap = calibrate.link_max_bytes(12.5e6)
+    sizes = calibrate.sizes_for(calibrate.FIT_BYTES, cap)
+    assert max(sizes) <= cap < min(n for n in calibrate.FIT_BYTES if n not in sizes)
