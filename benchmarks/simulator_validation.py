@@ -106,7 +106,8 @@ def refit(calibration: dict) -> dict:
 
     if "launches" not in calibration:
         return calibration
-    fit = fit_launches(calibration["workers"], calibration["launches"])
+    launches = [{"sizes": calibration["fit_sizes"], **r} for r in calibration["launches"]]    # older runs lack sizes
+    fit = fit_launches(calibration["workers"], launches)
     if calibration.get("link_Bps"):
         fit["link_Bps"] = calibration["link_Bps"]
     return fit

@@ -64,3 +64,17 @@ def test_sizes_on_slow_links_stop_at_half_a_second_of_the_link():
     cap = calibrate.link_max_bytes(12.5e6)
     sizes = calibrate.sizes_for(calibrate.FIT_BYTES, cap)
     assert max(sizes) <= cap < min(n for n in calibrate.FIT_BYTES if n not in sizes)
+
+
+def test_ranks_slower_all_at_once_than_alone_share_the_machine_cores():
+    runs = [{**launch(ONE_WAY / 2), "add_rate": 5e8, "add_rate_alone": 1e9}]    # 4 ranks on 2 cores
+    fit = calibrate.fit_launches(N, runs)
+    assert fit["cores"] == pytest.approx(2.0)
+    topo = calibrate.topology_dict(fit)
+    switch = next(n for n in topo["nodes"] if n["name"] == "switch")
+    workers = [n for n in topo["nodes"] if n["name"].startswith("worker")]
+    assert switch["cores"] == pytest.approx(2.0)
+    assert all(w["reduce_rate"] == pytest.approx(1e9) and w["madd_rate"] == pytest.approx(2e9) for w in workers)
+    # as fast alone as together: no cores written, the rates as measured
+    fit = calibrate.fit_launches(N, [{**launch(ONE_WAY / 2), "add_rate": 1e9, "add_rate_alone": 1e9}])
+    assert "cores" not in next(n for n in calibrate.topology_dict(fit)["nodes"] if n["name"] == "switch")

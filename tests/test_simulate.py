@@ -250,10 +250,28 @@ def test_collective_overhead_delays_each_node_first_round_once():
     assert simulate(handmade(2, [(0, 0, 1, 0, 1000, REDUCE)]), topo, itemsize=1).start[0] == pytest.approx(5e-3)
 
 
+def machine_star(cores, reduce_rate, workers=4):
+    nodes = [Node(f"w{i}", "host", reduce_rate) for i in range(workers)] + [Node("sw", "switch", cores=cores)]
+    return Topology("machine", tuple(nodes), tuple(Link(f"w{i}", "sw", 1e12) for i in range(workers)),
+                    tuple(f"w{i}" for i in range(workers)))
+
+
+def test_nodes_computing_at_once_share_their_machine_cores():
+    ring, central = schedule("ring", 4, 4 * MB), schedule("central", 4, 4 * MB)
+    # every ring round has all 4 workers adding: on 2 cores each at half its rate
+    assert simulate(ring, machine_star(2, 1e9)).time == pytest.approx(simulate(ring, machine_star(None, 5e8)).time,
+                                                                     rel=1e-12)
+    # central's root adds alone: at its full rate
+    assert simulate(central, machine_star(2, 1e9)).time == pytest.approx(
+        simulate(central, machine_star(None, 1e9)).time, rel=1e-12)
+    assert simulate(ring, machine_star(8, 1e9)).time == pytest.approx(simulate(ring, machine_star(None, 1e9)).time,
+                                                                     rel=1e-12)
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "sharded", "host"])
 def test_symmetric_shortcut_holds_with_node_costs(algorithm):
     nodes = [Node(f"w{i}", "host", 2e9, None, 3e9, 20e-6, 0.1, 1e-3) for i in range(5)]
-    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1, 1e-3), Node("sw", "switch")]
+    nodes += [Node("ps", "cpu", 2e9, None, 3e9, 20e-6, 0.1, 1e-3), Node("sw", "switch", cores=2)]
     links = [Link(n.name, "sw", 5e9, 1e-6, "half") for n in nodes[:-1]]
     topo = Topology("costly", tuple(nodes), tuple(links), tuple(f"w{i}" for i in range(5)), host="ps")
     s = schedule(algorithm, 5, 5 * 4000)

@@ -152,10 +152,21 @@ def p2p_times(rank: int, workers: int, repeats: int, sizes=P2P_BYTES) -> dict:
 
 
 def _local_rates(rank: int, workers: int, repeats: int) -> tuple[float, float]:
-    """This rank's adds per second and CERAR codec multiply-adds per second."""
+    """This rank's adds per second and CERAR codec multiply-adds per second, every rank at once."""
     a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
     add_rate = a.numel() / _median_time(lambda: a.add_(b), repeats, barrier=False)
     return add_rate, codec_madd_rate(rank, workers, repeats)
+
+
+def add_seconds_alone(rank: int, repeats: int) -> float:
+    """Seconds per element of rank 0's adds while the other ranks wait (0.0 on them): with more
+    processes than cores, a rank adding alone (central's root) runs several times faster than
+    every rank adding at once (a ring round)."""
+    a, b = torch.randn(LARGE_BYTES // 4), torch.randn(LARGE_BYTES // 4)
+    dist.barrier()
+    seconds = _median_time(lambda: a.add_(b), repeats, barrier=False) / a.numel() if rank == 0 else 0.0
+    dist.barrier()
+    return seconds
 
 
 def _ring_times(repeats: int, size: int, group=None, sizes=FIT_BYTES) -> list[float]:
@@ -186,15 +197,17 @@ def worker(rank: int, workers: int, repeats: int, max_bytes: float | None = None
     times = _ring_times(repeats, workers, sizes=ring_sizes)
     p2p = p2p_times(rank, workers, repeats, p2p_sizes)
     agreement = agreement_times(repeats)
+    alone = add_seconds_alone(rank, repeats)
     keys = sorted(p2p, key=str)
-    stats = torch.tensor(times + [p2p[k] for k in keys] + list(agreement) + [-add_rate, -madd_rate],
+    stats = torch.tensor(times + [p2p[k] for k in keys] + [alone] + list(agreement) + [-add_rate, -madd_rate],
                          dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     if rank:
         return None
-    p2p = dict(zip(keys, stats[len(times):-4].tolist()))
+    p2p = dict(zip(keys, stats[len(times):-5].tolist()))
     return {"sizes": list(ring_sizes), "times": stats[:len(times)].tolist(), "add_rate": -stats[-2].item(),
             "madd_rate": -stats[-1].item(), "agreement_s": stats[-4:-2].tolist(),
+            "add_rate_alone": 1 / stats[-5].item(),
             "fan_in_s": {f"{k}x{n}": p2p[("fan", k, n)] for k in range(1, workers) for n in p2p_sizes},
             "exchange_s": {str(n): p2p[("swap", n)] for n in p2p_sizes},
             "pairs_s": {str(n): p2p[("pairs", n)] for n in p2p_sizes if ("pairs", n) in p2p}}
@@ -228,6 +241,9 @@ def fit_launches(workers: int, runs: list[dict]) -> dict:
     swap = {key: statistics.median(r["exchange_s"][key] for r in runs) for key in runs[0]["exchange_s"]}
     pairs = {key: statistics.median(r["pairs_s"][key] for r in runs) for key in runs[0].get("pairs_s", {})}
     result["node"] = runtime_node(result, fit_node(workers, fan, swap, pairs))
+    if all("add_rate_alone" in r for r in runs):      # how many ranks add at full speed at once
+        result["add_rate_alone"] = alone = statistics.median(r["add_rate_alone"] for r in runs)
+        result["cores"] = min(max(workers * result["add_rate"] / alone, 1.0), float(workers))
     if all("agreement_s" in r for r in runs):          # checked - unchecked, the launches' medians
         checked, unchecked = (statistics.median(r["agreement_s"][i] for r in runs) for i in (0, 1))
         result["node"]["collective_overhead_s"] = max(checked - unchecked, 0.0)
@@ -237,11 +253,25 @@ def fit_launches(workers: int, runs: list[dict]) -> dict:
 
 
 def _line(x, y):
-    """Least squares y = p + q x on relative error: (p, q, worst relative residual)."""
+    """The line y = p + q x with the slope between the two largest x's points and through the
+    smallest x's: the per-byte cost where bytes dominate, the fixed cost where it does, as
+    alpha-beta measurements take them. A least-squares line (tried first, on relative error)
+    bends to the small sizes instead, and on emulated links those pass in the token bucket's
+    burst at memory speed: a 1 Gbit/s link's one-way rate came out at 0.94 GB/s. Returns
+    (p, q, worst relative residual over all points).
+
+    >>> [round(v, 6) for v in _line([1, 10, 100, 1000], [5.0, 2.0, 11.0, 101.0])[:2]]
+    [4.9, 0.1]
+    """
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    (p, q), *_ = np.linalg.lstsq(np.stack([1 / y, x / y], axis=1), np.ones_like(y), rcond=None)
+    order = np.argsort(x)
+    x, y = x[order], y[order]
+    q = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    if q <= 0:                           # the largest two too close to tell: the whole span
+        q = (y[-1] - y[0]) / (x[-1] - x[0])
+    p = y[0] - q * x[0]
     return float(p), float(q), float(np.abs((p + q * x) / y - 1).max())
 
 
@@ -349,7 +379,7 @@ def ring_check(result: dict) -> dict:
 
 
 def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
-    """Fit ring all-reduce times to T = A + B n (relative least squares); derive alpha, bandwidth.
+    """Fit ring all-reduce times to T = A + B n (``_line``); derive alpha, bandwidth.
 
     >>> f = fit(2, [1e3, 1e6, 1e7], [2e-4 + 1e3 / 1e9, 2e-4 + 1e6 / 1e9, 2e-4 + 1e7 / 1e9], float("inf"), 1e10)
     >>> round(f["round_latency_s"] * 1e6), round(f["bandwidth_Bps"] / 1e9, 3)
@@ -359,7 +389,7 @@ def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
 
     n = np.asarray(sizes, dtype=float)
     t = np.asarray(times, dtype=float)
-    (a, b), *_ = np.linalg.lstsq(np.stack([1 / t, n / t], axis=1), np.ones_like(t), rcond=None)
+    a, b, _ = _line(n, t)
     steps, share = max(2 * (workers - 1), 1), (workers - 1) / workers if workers > 1 else 1.0
     per_byte_wire = b - share / 4 / add_rate          # the adds, measured apart
     bandwidth = 2 * share / per_byte_wire if per_byte_wire > 0 else float("inf")
@@ -378,11 +408,17 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
     the nodes limit; where it showed them independent (full duplex) the one-way rate goes on
     full-duplex links instead and the nodes get no copy channel. Where the machine is the
     limit (``machine_limited``), the switch, which every transfer crosses, gets the copy rate
-    instead of the nodes. The host ("ps") hangs off worker 0, whose process runs it. Without
-    node costs: the ring fit."""
+    instead of the nodes. The host ("ps") hangs off worker 0, whose process runs it. Where
+    the ranks added slower all at once than one alone (more processes than cores), the nodes
+    get the rates of one alone and the switch the cores they share (N x the rate all at once
+    / the rate alone). Without node costs: the ring fit."""
     n = fit["workers"]
     rates = {"reduce_rate": fit["add_rate"], "madd_rate": fit["madd_rate"]}
     node = fit.get("node")
+    cores = fit.get("cores") if node is not None and fit.get("cores", n) < n else None
+    if cores:                 # rates of one rank computing alone; the machine's cores shared by all
+        speedup = fit["add_rate_alone"] / fit["add_rate"]
+        rates = {"reduce_rate": fit["add_rate_alone"], "madd_rate": fit["madd_rate"] * speedup}
     if node is None:
         bandwidth = fit["bandwidth_Bps"] if fit["bandwidth_Bps"] != float("inf") else 1e12
         latency, what = fit["round_latency_s"] / 2, (f"{fit['round_latency_s'] * 1e6:.0f} us per round, "
@@ -407,7 +443,7 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
                    f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
                    f"incast factor {node['fan_in']:.2f}"))
     nodes = [{"name": f"worker{i}", "kind": "host", **rates} for i in range(n)]
-    switch = {"name": "switch", "kind": "switch"}
+    switch = {"name": "switch", "kind": "switch", **({"cores": cores} if cores else {})}
     if node is not None and node.get("machine_limited"):
         switch["copy_rate"] = node["machine_copy_rate_Bps"]   # every transfer between the processes crosses it
     # the runtime runs the host's aggregation in worker 0's process: its transfers cross worker 0's

@@ -37,6 +37,8 @@ class Node:
                                        # fraction more of the copy rate (rate / (1 + fan_in (k - 1)))
     collective_overhead: float | None = None   # seconds of the node's time before each collective's first round
                                                # (gradsync's runtime: the ranks' agreement on the call)
+    cores: float | None = None         # a switch standing for one machine: the adds and multiply-adds of the
+                                       # nodes behind it share this many cores (each node at most one)
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ class Topology:
     def has_node_costs(self) -> bool:
         """Whether any node sets a copy rate, a per-message or per-collective overhead or an incast factor: terms
         only the simulator models (the closed forms do not)."""
-        return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead for n in self.nodes)
+        return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead or n.cores for n in self.nodes)
 
     def node(self, name: str) -> Node:
         """The node called ``name``."""
