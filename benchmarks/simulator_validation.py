@@ -119,6 +119,7 @@ def predictions(run: dict) -> dict:
     from gradsync.topology import from_dict
 
     fit = refit({"workers": run["workers"], **run["calibration"]})
+    run["model"] = {k: v for k, v in fit.items() if k != "launches"}
     n = run["workers"]
     node_model = from_dict(topology_dict(fit))
     ring_fit = from_dict(topology_dict({k: v for k, v in fit.items() if k != "node"}))
@@ -146,11 +147,12 @@ def markdown(result: dict) -> str:
     out = []
     for run in sorted(result["runs"], key=lambda r: r["workers"]):
         sizes = sorted({r["bytes"] for r in run["rows"]})
-        cal = run["calibration"]["node"]
+        cal = run.get("model", run["calibration"])["node"]
         out.append(f"#### {result['link']}, N = {run['workers']} (load average {run['load_average'][0]:.1f} before, "
                    f"{run['load_average'][1]:.1f} after)\n")
         out.append(f"Calibrated: {cal['latency_s'] * 1e6:.0f} us latency, {cal['message_overhead_s'] * 1e6:.0f} us per "
-                   f"message, {cal.get('collective_overhead_s', 0) * 1e6:.0f} us per collective, "
+                   f"message, {cal.get('round_overhead_s', 0) * 1e6:.0f} us per round, "
+                   f"{cal.get('collective_overhead_s', 0) * 1e6:.0f} us per collective, "
                    + (f"the machine's copy rate {cal['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if cal["machine_limited"]
                       else f"{cal['copy_rate_Bps'] / 1e9:.3g} GB/s per node ({cal['duplex']} duplex)")
                    + (f"; two disjoint transfers moved {cal['pairs_over_one_way']:.2f} x one" if cal.get("pairs_over_one_way")

@@ -30,7 +30,8 @@ def test_the_ring_sets_overhead_and_bandwidth_and_the_agreement_its_own_cost():
     assert fit["bandwidth_Bps"] == pytest.approx(BANDWIDTH, rel=1e-6)
     node = fit["node"]
     assert node["collective_overhead_s"] == pytest.approx(2e-3)        # medians: 5 ms checked, 3 ms not
-    assert node["message_overhead_s"] == pytest.approx((ALPHA - node["latency_s"]) / 2, rel=1e-6)
+    # a ring round: the latency, one send and one receive, and the runtime's own cost per round
+    assert node["latency_s"] + 2 * node["message_overhead_s"] + node["round_overhead_s"] == pytest.approx(ALPHA, rel=1e-6)
 
 
 @pytest.mark.parametrize("pairs_rate,shared", [(ONE_WAY, False), (ONE_WAY / 2, True), (0.6 * ONE_WAY, True)])

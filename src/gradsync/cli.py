@@ -821,8 +821,10 @@ def calibrate(workers, out, repeats, launches, link_bandwidth, fmt):
         _print_table(["written to the topology", "value", "from"], [
             ["latency", format_time(node["latency_s"]), "fan-in: fixed cost at k = 0" if workers > 2
              else "one-way: fixed cost"],
-            ["overhead per message", format_time(node["message_overhead_s"]),
-             f"ring's per-round cost less latency, / 2 (bare transport: {format_time(node['transport_message_overhead_s'])})"],
+            ["overhead per message", format_time(node["message_overhead_s"]), "fan-in: fixed cost's slope over k"
+             if workers > 2 else "(needs 3+ workers: 0)"],
+            ["overhead per round", format_time(node["round_overhead_s"]),
+             "ring's per-round cost less latency and one send and one receive"],
             ["overhead per collective", format_time(node.get("collective_overhead_s", 0.0)),
              "ring all-reduce of 4 KB with and without the ranks' agreement on the call"],
             ["copy rate per node", "(the machine's, below)" if node["machine_limited"] else

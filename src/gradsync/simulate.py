@@ -8,7 +8,7 @@ Model:
   of its previous round are delivered and its work for that round is done: each element it
   received to add in (REDUCE, or CODED: a packet is combined with one add) at the node's
   ``reduce_rate``, and the round's compute multiply-adds at its ``madd_rate`` (free where the
-  topology sets none), plus its ``message_overhead`` per message. Its first round starts after
+  topology sets none), plus its ``message_overhead`` per message and its ``round_overhead``. Its first round starts after
   its ``collective_overhead``. Nodes behind one machine (a node with ``cores``) computing in
   the same round share its cores. A transfer starts when both ends have started its round
   (receives are posted). There is no global barrier.
@@ -247,6 +247,7 @@ class _Net:
     madd_rate: np.ndarray
     overhead: np.ndarray          # seconds per message
     startup: np.ndarray           # seconds before the first round
+    per_round: np.ndarray         # seconds per round
     machine: np.ndarray           # per schedule node: the machine (a node with cores) its compute shares, or -1
     cores: np.ndarray             # per machine
 
@@ -268,7 +269,8 @@ class _Net:
         return cls(topology, names, capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
                    np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
                    np.array([n.message_overhead or 0.0 for n in nodes]),
-                   np.array([n.collective_overhead or 0.0 for n in nodes]), *_machines(topology, names))
+                   np.array([n.collective_overhead or 0.0 for n in nodes]),
+                   np.array([n.round_overhead or 0.0 for n in nodes]), *_machines(topology, names))
 
 
 def _machines(topology: Topology, names: list) -> tuple[np.ndarray, np.ndarray]:
@@ -319,8 +321,8 @@ def _full(schedule, net, itemsize) -> _System:
     paths, latency = _pair_routes(unique // nodes, unique % nodes, net)
     adds = np.where(t["op"] != COPY, t["count"], 0)
     steps = _steps(t["src"], t["dst"], t["round"], max(schedule.rounds, 1), c["node"], c["round"], c["madds"],
-                   adds, np.ones(nodes), net.add_rate, net.madd_rate, net.overhead, net.machine, net.cores,
-                   np.ones(nodes))
+                   adds, np.ones(nodes), net.add_rate, net.madd_rate, net.overhead, net.per_round, net.machine,
+                   net.cores, np.ones(nodes))
     inverse = inverse.reshape(-1)
     return _System(paths[inverse], net.capacity, net.fan_in, net.node_channel[t["dst"]], latency[inverse],
                    t["count"].astype(float) * itemsize, np.ones(len(net.capacity)), *steps, nodes, net.startup,
@@ -337,7 +339,8 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     (fixed by the rotation) does the work of N times block 0's transfers into it."""
     n, t, c, nodes = schedule.workers, schedule.transfers, schedule.compute, schedule.nodes
     padding = net.padding
-    if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead, net.startup, net.machine)):
+    if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead, net.startup, net.per_round,
+                                           net.machine)):
         return None
     rep = t[rep]
     pairs = np.unique(rep["src"].astype(np.int64) * nodes + rep["dst"])
@@ -371,7 +374,7 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     node_weight = np.array([1.0] + [float(n)] * len(schedule.helpers))
     steps = _steps(q(rep["src"]), q(rep["dst"]), rep["round"], max(schedule.rounds, 1), q(c["node"][kept]),
                    c["round"][kept], c["madds"][kept], np.where(rep["op"] != COPY, rep["count"], 0), node_weight,
-                   *(helpers_after_worker0(x) for x in (net.add_rate, net.madd_rate, net.overhead)),
+                   *(helpers_after_worker0(x) for x in (net.add_rate, net.madd_rate, net.overhead, net.per_round)),
                    helpers_after_worker0(net.machine), net.cores, np.array([float(n)] + [1.0] * len(schedule.helpers)))
     # the system's channels: one per orbit crossed (few), then the padding
     crossed = np.unique(label[paths[0][which]])
@@ -387,7 +390,7 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
 
 
 def _steps(src, dst, rnd, rounds, comp_node, comp_round, comp_madds, adds, node_weight,
-           add_rate, madd_rate, overhead, machine, cores, stands_for):
+           add_rate, madd_rate, overhead, per_round, machine, cores, stands_for):
     """The (node, round) steps of a system of flows: each flow's sending and receiving step,
     the steps in order per node, and each step's work (its adds and messages, scaled by
     ``node_weight``, and its multiply-adds). Where nodes share a machine's ``cores``, a
@@ -409,6 +412,7 @@ def _steps(src, dst, rnd, rounds, comp_node, comp_round, comp_madds, adds, node_
         where = machine[step_node[on]] * rounds + steps[on] % rounds
         computing = np.bincount(where, weights=stands_for[step_node[on]], minlength=len(cores) * rounds)
         work_time[on] *= np.maximum(1.0, computing[where] / cores[machine[step_node[on]]])
+    work_time = work_time + per_round[step_node]
     if overhead.any():                     # per message sent or received, one after another
         messages = np.bincount(np.concatenate([step_src, step_dst]), minlength=n_steps) * node_weight[step_node]
         work_time = work_time + messages * overhead[step_node]

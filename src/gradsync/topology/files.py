@@ -55,6 +55,7 @@ class NodeSpec(_Strict):
     message_overhead: Duration | None = None
     fan_in: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     collective_overhead: Duration | None = None
+    round_overhead: Duration | None = None
     cores: float | None = Field(default=None, ge=1, allow_inf_nan=False)
 
 
@@ -112,7 +113,7 @@ def from_dict(data, source: str = "topology") -> Topology:
         return Topology(
             spec.name, tuple(Node(n.name, n.kind, n.reduce_rate, n.madd_rate, n.copy_rate,
                                    n.message_overhead or None, n.fan_in or None, n.collective_overhead or None,
-                                   n.cores)
+                                   n.cores, n.round_overhead or None)
                        for n in spec.nodes),
             tuple(Link(l.a, l.b, l.bandwidth, l.latency, l.duplex) for l in spec.links),
             tuple(spec.workers), spec.host, rings,

@@ -39,6 +39,7 @@ class Node:
                                                # (gradsync's runtime: the ranks' agreement on the call)
     cores: float | None = None         # a switch standing for one machine: the adds and multiply-adds of the
                                        # nodes behind it share this many cores (each node at most one)
+    round_overhead: float | None = None  # seconds of the node's time per round it takes part in, beyond its messages
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,8 @@ class Topology:
     def has_node_costs(self) -> bool:
         """Whether any node sets a copy rate, a per-message or per-collective overhead or an incast factor: terms
         only the simulator models (the closed forms do not)."""
-        return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead or n.cores for n in self.nodes)
+        return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead or n.cores
+                   or n.round_overhead for n in self.nodes)
 
     def node(self, name: str) -> Node:
         """The node called ``name``."""
