@@ -153,8 +153,8 @@ def markdown(result: dict) -> str:
         out.append(f"Calibrated: {cal['latency_s'] * 1e6:.0f} us latency, {cal['message_overhead_s'] * 1e6:.0f} us per "
                    f"message, {cal.get('round_overhead_s', 0) * 1e6:.0f} us per round, "
                    f"{cal.get('collective_overhead_s', 0) * 1e6:.0f} us per collective, "
-                   + (f"the machine's copy rate {cal['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if cal["machine_limited"]
-                      else f"{cal['copy_rate_Bps'] / 1e9:.3g} GB/s per node ({cal['duplex']} duplex)")
+                   + f"{cal['copy_rate_Bps'] / 1e9:.3g} GB/s per node ({cal['duplex']} duplex), "
+                   f"{cal['machine_copy_rate_Bps'] / 1e9:.3g} GB/s for the machine"
                    + (f"; two disjoint transfers moved {cal['pairs_over_one_way']:.2f} x one" if cal.get("pairs_over_one_way")
                       else "") + ".\n")
         out.append("| algorithm | " + " | ".join(format_size(n) for n in sizes) + " |")
@@ -212,6 +212,8 @@ def main():
         return
 
     from gradsync import algorithms
+    from gradsync.runtime import calibrate          # noqa: F401  (imported now: a run takes minutes)
+    from gradsync.topology import files           # noqa: F401
 
     names = [a for a in algorithms.names(exact=True) if a != "hierarchical"] + ["cerar"]
     result = {"benchmark": "benchmarks/simulator_validation.py", "cpus": os.cpu_count(),
@@ -230,9 +232,12 @@ def main():
                             "--format", "json", *link, *iters)
         out = [{"workers": n, "algorithm": r["algorithm"], "bytes": r["bytes"], "count": r["count"],
                 "measured_s": r["time_s"]} for r in rows if r["algorithm"] in names]
-        run = predictions({"workers": n, "load_average": [load_before, os.getloadavg()[0]],
-                           "calibration": fit, "rows": out})
+        run = {"workers": n, "load_average": [load_before, os.getloadavg()[0]], "calibration": fit, "rows": out}
         result["runs"].append(run)
+        if args.out:                      # the measurements first: --repredict can redo the rest
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)
+        predictions(run)
         table(run)
         report(run)
         if args.out:

@@ -34,20 +34,25 @@ def test_the_ring_sets_overhead_and_bandwidth_and_the_agreement_its_own_cost():
     assert node["latency_s"] + 2 * node["message_overhead_s"] + node["round_overhead_s"] == pytest.approx(ALPHA, rel=1e-6)
 
 
-@pytest.mark.parametrize("pairs_rate,shared", [(ONE_WAY, False), (ONE_WAY / 2, True), (0.6 * ONE_WAY, True)])
-def test_disjoint_pairs_decide_between_per_node_and_machine_wide_copy_rates(pairs_rate, shared):
-    node = calibrate.fit_launches(N, [launch(pairs_rate)])["node"]
-    assert node["pairs_over_one_way"] == pytest.approx(2 * pairs_rate / ONE_WAY, rel=1e-6)
-    assert node["machine_limited"] is shared
-    topo = calibrate.topology_dict({**calibrate.fit_launches(N, [launch(pairs_rate)])})
+def test_processes_and_the_machine_each_get_their_copy_rate():
+    node = calibrate.fit_launches(N, [launch(ONE_WAY / 2)])["node"]
+    assert node["pairs_over_one_way"] == pytest.approx(1.0, rel=1e-6)      # two pairs moved what one does
+    assert node["copy_rate_Bps"] == pytest.approx(ONE_WAY, rel=1e-6)         # a fan-in's total: each process's limit
+    assert node["machine_copy_rate_Bps"] == pytest.approx(N * BANDWIDTH, rel=1e-6)    # a ring round moves n in all
+    topo = calibrate.topology_dict(calibrate.fit_launches(N, [launch(ONE_WAY / 2)]))
     switch = next(n for n in topo["nodes"] if n["name"] == "switch")
-    assert ("copy_rate" in switch) is shared
-    assert all(("copy_rate" in n) is not shared for n in topo["nodes"] if n["name"].startswith("worker"))
+    assert switch["copy_rate"] == pytest.approx(N * BANDWIDTH, rel=1e-6)
+    # the exchange moved half of one way each way: half duplex, so the nodes' copy channels limit
+    assert all(n["copy_rate"] == pytest.approx(ONE_WAY, rel=1e-6) for n in topo["nodes"] if n["name"].startswith("worker"))
 
 
-def test_without_four_workers_the_nodes_limit():
-    runs = [{**launch(ONE_WAY), "pairs_s": {}}]
-    assert calibrate.fit_launches(N, runs)["node"]["machine_limited"] is False
+def test_a_fan_in_runs_at_the_processes_rate_and_the_ring_at_the_machines():
+    fit = calibrate.fit_launches(N, [launch(ONE_WAY / 2)])
+    topo = from_dict(calibrate.topology_dict(fit))
+    fan = simulate(algorithms.build("central", N, 16 << 20), topo)
+    # central: 3 x 64 MB into worker 0 and back out, each way through its copy channel at ONE_WAY
+    # (half duplex: its sends and receives take turns, one round each); the machine allows 4 GB/s
+    assert fan.time == pytest.approx(2 * 3 * (64 << 20) / ONE_WAY, rel=0.05)
 
 
 def test_the_written_topology_times_the_ring_it_was_fitted_to_and_runs_the_host_in_worker0():

@@ -827,17 +827,18 @@ def calibrate(workers, out, repeats, launches, link_bandwidth, fmt):
              "ring's per-round cost less latency and one send and one receive"],
             ["overhead per collective", format_time(node.get("collective_overhead_s", 0.0)),
              "ring all-reduce of 4 KB with and without the ranks' agreement on the call"],
-            ["copy rate per node", "(the machine's, below)" if node["machine_limited"] else
-             f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s",
-             f"ring's per-byte cost (bare transport: {node['transport_copy_rate_Bps'] / 1e9:.3g} GB/s)"],
-            ["copy rate of the machine", f"{node['machine_copy_rate_Bps'] / 1e9:.3g} GB/s" if node["machine_limited"]
-             else "(not the limit)", f"two disjoint transfers at once moved {node['pairs_over_one_way']:.2g} x one "
-             "alone (1: one shared limit, 2: per node)" if node.get("pairs_over_one_way") else
-             "(needs 4+ workers to tell: per node)"],
+            ["copy rate per node", f"{node['copy_rate_Bps'] / 1e9:.3g} GB/s", "fan-in rates over k (a process's "
+             "limit)" + (f"; two disjoint pairs at once moved {node['pairs_over_one_way']:.2g} x one pair"
+                         if node.get("pairs_over_one_way") else "")],
+            ["copy rate of the machine", f"{node['machine_copy_rate_Bps'] / 1e9:.3g} GB/s",
+             "N x the ring's per-byte rate (every transfer crosses it)"],
             ["incast factor", f"{node['fan_in']:.3g}", "fan-in rates over k" if workers > 2 else "(needs 3+ workers: 0)"],
             ["duplex", node["duplex"], f"exchange {node['exchange_Bps_per_direction'] / 1e9:.3g} GB/s per direction "
                                        f"vs one-way {node['one_way_Bps'] / 1e9:.3g} GB/s"],
-            ["adds per second", f"{f['add_rate']:.3g}", "a local add"],
+            ["adds per second", f"{f['add_rate']:.3g}", "a local add, every rank at once"
+             + (f" ({f['add_rate_alone']:.3g} by one alone)" if "add_rate_alone" in f else "")],
+            ["cores the ranks' compute shares", f"{f['cores']:.2g}" if f.get("cores", workers) < workers
+             else "(one per rank)", "N x adds all at once / one alone"],
             ["multiply-adds per second", f"{f['madd_rate']:.3g}", "CERAR's codec"]])
         worst_fit = max(v["worst_residual"] for v in node["fan_in_fits"].values())
         click.echo(f"fit quality: fan-in times within {worst_fit:.0%} of their lines, rates over k within "

@@ -23,9 +23,10 @@ Two models are measured in the same launches:
 On emulated slow links (``network``) messages are timed up to half a second of the link's
 rate, so that 100 Mbit/s takes minutes, not an hour.
 
-The topology gets the node costs as the runtime pays them (``runtime_node``): the ring's
-per-round and per-byte costs set the per-message overhead and the copy rate, the raw
-transport the latency, duplex and incast factor. The output says what was measured, each
+The topology gets the node costs as the runtime pays them (``runtime_node``): the raw
+transport sets the latency, the per-message overhead, each process's copy rate, duplex and
+incast factor; the ring's per-round and per-byte costs set the runtime's own cost per round
+and the copy rate of the machine, which every transfer crosses. The output says what was measured, each
 fit's worst relative residual, and how far the written topology's simulated ring is from the
 measured ring times (not independent: the ring set two of the terms).
 """
@@ -328,44 +329,35 @@ def fit_node(workers: int, fan: dict, swap: dict, pairs: dict | None = None) -> 
 
 def runtime_node(ring: dict, raw: dict) -> dict:
     """The node costs as the runtime pays them. Raw point-to-point (``fit_node``) gives the
-    latency, the duplex and the incast factor (a ratio); but gradsync's runtime costs more per
-    message and per byte than bare Gloo (plans, scratch, copies), which the ring measures.
-    So: the per-message overhead o stays the transport's (the fan-in's slope over k), and
-    the runtime's own cost per round is alpha - latency - 2 o, alpha the ring's per-round cost
-    (a round is one send and one receive per node). Charging all of alpha - latency per message
-    instead (as before) put a 4 KB fan-in of 3 at 2-3x its measured time on 100 Mbit/s links.
-    And the copy rate C the ring's per-byte
-    cost implies: a node moves 2 n/N per round, so C = 2 x the ring fit's bandwidth where the
-    node is half duplex (the ring's link bandwidth where full). The machine is the limit
-    (``machine_limited``, with a machine-wide copy rate of N x the ring's bandwidth: a ring
-    round moves n bytes in all) where two disjoint transfers at once moved less than sqrt(2)
-    x what one moves alone (``pairs_over_one_way``; 2 with per-node limits, 1 with a shared
-    one; needs 4 workers). The raw figures are kept, prefixed ``transport_``.
+    latency, the per-message overhead, the duplex, the incast factor and each process's copy
+    rate C (a transfer needs a sending and a receiving process). But gradsync's ring costs
+    more per round and per byte than bare Gloo (plans, scratch, adds, and on one machine every
+    process busy at once), which the ring measures. So: the runtime's own cost per round is
+    alpha - latency - 2 o, alpha the ring's per-round cost (a round is one send and one receive
+    per node; charging all of alpha - latency per message instead put a 4 KB fan-in of 3 at
+    2-3x its measured time on 100 Mbit/s links); and the machine, which every transfer between
+    the processes crosses, moves N x the ring's bandwidth in all (a ring round moves n bytes
+    in all), which is where one machine's memory and cores limit the ring. Both limits are
+    written: a fan-in into one process runs at the processes' rate, the ring at the
+    machine's. ``pairs_over_one_way`` says what two disjoint pairs at once moved over one
+    pair (2: each process its own limit; 1: one shared), for the output. The raw figures are
+    kept, prefixed ``transport_``.
 
     >>> raw = {"latency_s": 100e-6, "message_overhead_s": 5e-6, "copy_rate_Bps": 2e9, "duplex": "half",
     ...        "one_way_Bps": 2e9, "pairs_Bps_per_pair": 1.1e9}       # two pairs at once: 2.2 GB/s in all
     >>> out = runtime_node({"workers": 3, "round_latency_s": 300e-6, "bandwidth_Bps": 0.5e9}, raw)
-    >>> round(out["round_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["transport_copy_rate_Bps"] / 1e9
-    (190, 1.0, 2.0)
-    >>> out["machine_limited"], out["machine_copy_rate_Bps"] / 1e9
-    (True, 1.5)
+    >>> round(out["round_overhead_s"] * 1e6), out["copy_rate_Bps"] / 1e9, out["machine_copy_rate_Bps"] / 1e9
+    (190, 2.0, 1.5)
+    >>> round(out["pairs_over_one_way"], 2)
+    1.1
     """
     out = dict(raw)
     out["transport_message_overhead_s"], out["transport_copy_rate_Bps"] = raw["message_overhead_s"], raw["copy_rate_Bps"]
-    # a ring round is one send and one receive per node: what alpha holds beyond the latency and
-    # those two messages' transport overhead is the runtime's own, paid once per round
     out["round_overhead_s"] = max(ring["round_latency_s"] - raw["latency_s"] - 2 * raw["message_overhead_s"], 0.0)
     bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
-    out["copy_rate_Bps"] = (2 if raw["duplex"] == "half" else 1) * bandwidth
-    # One machine's processes: the limit may be the machine's memory and cores, which every
-    # transfer crosses, rather than any one node. Two disjoint transfers at once tell: with
-    # per-node limits they move twice what one moves, with one shared limit the same. The
-    # machine is the limit where they moved less than the geometric middle, sqrt(2) x one.
-    # A ring round moves n bytes in all: the machine's copy rate is N x bandwidth.
     out["machine_copy_rate_Bps"] = ring["workers"] * bandwidth
     pair = raw.get("pairs_Bps_per_pair")
     out["pairs_over_one_way"] = 2 * pair / raw["one_way_Bps"] if pair else None
-    out["machine_limited"] = bool(pair) and out["pairs_over_one_way"] < math.sqrt(2)
     return out
 
 
@@ -407,13 +399,13 @@ def fit(workers: int, sizes, times, add_rate: float, madd_rate: float) -> dict:
 def topology_dict(fit: dict, name: str = "calibrated") -> dict:
     """A single-switch topology from calibrated parameters (latency split over the 2 hops).
 
-    With node costs measured (``fit["node"]``): each node's copy rate, per-message overhead
-    and incast factor; its copy channel carries what it sends and receives, so where the
-    exchange showed sending and receiving to share (half duplex) the links are left wide and
-    the nodes limit; where it showed them independent (full duplex) the one-way rate goes on
-    full-duplex links instead and the nodes get no copy channel. Where the machine is the
-    limit (``machine_limited``), the switch, which every transfer crosses, gets the copy rate
-    instead of the nodes. The host ("ps") hangs off worker 0, whose process runs it. Where
+    With node costs measured (``fit["node"]``): each node's copy rate, per-message, per-round
+    and per-collective overheads and incast factor; its copy channel carries what it sends and
+    receives, so where the exchange showed sending and receiving to share (half duplex) the
+    links are left wide and the nodes limit; where it showed them independent (full duplex)
+    the rate goes on full-duplex links instead and the nodes get no copy channel. The switch,
+    which every transfer between the processes crosses, gets the machine's copy rate. The
+    host ("ps") hangs off worker 0, whose process runs it. Where
     the ranks added slower all at once than one alone (more processes than cores), the nodes
     get the rates of one alone and the switch the cores they share (N x the rate all at once
     / the rate alone). Without node costs: the ring fit."""
@@ -432,9 +424,7 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
         costs = {"message_overhead": node["message_overhead_s"], "round_overhead": node.get("round_overhead_s", 0.0)}
         if node.get("collective_overhead_s"):
             costs["collective_overhead"] = node["collective_overhead_s"]
-        if node.get("machine_limited"):
-            bandwidth = 1e12
-        elif node["duplex"] == "half":
+        if node["duplex"] == "half":
             costs.update(copy_rate=node["copy_rate_Bps"], fan_in=node["fan_in"])
             bandwidth = 1e12
         else:
@@ -444,13 +434,11 @@ def topology_dict(fit: dict, name: str = "calibrated") -> dict:
         what = (f"{node['latency_s'] * 1e6:.0f} us latency, {node['message_overhead_s'] * 1e6:.0f} us per message, "
                 f"{node.get('round_overhead_s', 0.0) * 1e6:.0f} us per round, "
                 f"{node.get('collective_overhead_s', 0.0) * 1e6:.0f} us per collective, "
-                + (f"{node['machine_copy_rate_Bps'] / 1e9:.2f} GB/s for the machine, shared by every transfer"
-                   if node.get("machine_limited") else
-                   f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), "
-                   f"incast factor {node['fan_in']:.2f}"))
+                f"{node['copy_rate_Bps'] / 1e9:.2f} GB/s per node ({node['duplex']} duplex), incast factor "
+                f"{node['fan_in']:.2f}, {node['machine_copy_rate_Bps'] / 1e9:.2f} GB/s for the machine")
     nodes = [{"name": f"worker{i}", "kind": "host", **rates} for i in range(n)]
     switch = {"name": "switch", "kind": "switch", **({"cores": cores} if cores else {})}
-    if node is not None and node.get("machine_limited"):
+    if node is not None:
         switch["copy_rate"] = node["machine_copy_rate_Bps"]   # every transfer between the processes crosses it
     # the runtime runs the host's aggregation in worker 0's process: its transfers cross worker 0's
     # link and copy channel, and worker 0's own to it stay in the process
