@@ -339,7 +339,9 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     the processes crosses, moves N x the ring's bandwidth in all (a ring round moves n bytes
     in all), which is where one machine's memory and cores limit the ring. Both limits are
     written: a fan-in into one process runs at the processes' rate, the ring at the
-    machine's. ``pairs_over_one_way`` says what two disjoint pairs at once moved over one
+    machine's; a process's rate is at least what it moved in the ring (2 x the ring's
+    bandwidth where half duplex: two point-to-point patterns on 2 processes and 2 cores moved
+    less than the runtime's ring did). ``pairs_over_one_way`` says what two disjoint pairs at once moved over one
     pair (2: each process its own limit; 1: one shared), for the output. The raw figures are
     kept, prefixed ``transport_``.
 
@@ -356,6 +358,8 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     out["round_overhead_s"] = max(ring["round_latency_s"] - raw["latency_s"] - 2 * raw["message_overhead_s"], 0.0)
     bandwidth = ring["bandwidth_Bps"] if ring["bandwidth_Bps"] != float("inf") else raw["copy_rate_Bps"]
     out["machine_copy_rate_Bps"] = ring["workers"] * bandwidth
+    # what a process moved in the ring, it can move: a ring round takes n/N in and n/N out of it
+    out["copy_rate_Bps"] = max(raw["copy_rate_Bps"], (2 if raw["duplex"] == "half" else 1) * bandwidth)
     pair = raw.get("pairs_Bps_per_pair")
     out["pairs_over_one_way"] = 2 * pair / raw["one_way_Bps"] if pair else None
     return out
