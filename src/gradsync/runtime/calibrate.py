@@ -5,17 +5,19 @@ Two models are measured in the same launches:
 - **node costs** (written to the topology): point-to-point messages over the transport the
   runtime uses (Gloo), timed as ``gradsync bench`` times (blocks of back-to-back calls, the
   cases taking turns): k = 1..N-1 workers sending n bytes each to worker 0 at once (fan-in),
-  two workers exchanging n bytes (both directions at once), and with 4+ workers two disjoint
-  pairs sending at once, at sizes 4 KB-32 MB. Each case is fitted to T = a + k n / R by least
-  squares on relative error. Then: the per-message overhead o is the slope of a over k (a
-  receiver pays o per message) and the latency the rest of a; the node's copy rate C and its
-  incast factor f come from 1 / R(k) = (1 + f (k - 1)) / C, a straight line in k; the
-  exchange says whether a node's sending and receiving share its copy rate (half duplex:
-  each direction gets about R(1) / 2; the exchange then joins the line as a point at k = 1
-  with rate 2 x its per-direction rate) or not (full duplex); and the disjoint pairs whether
-  the limit is each node's or one the whole machine shares. The adds are timed apart
-  (``add_rate``), as is CERAR's codec, and so is the runtime's agreement on each call: a
-  4 KB ring all-reduce with and without it (``collective_overhead``).
+  two workers exchanging n bytes (both directions at once), and with 4+ workers two
+  disjoint pairs sending at once, at sizes 4 KB-32 MB. Each case is fitted to
+  T = a + k n / R (``_line``: through the smallest size, with the slope of the two
+  largest). Then: the per-message overhead o is the slope of a over k (a receiver pays o per
+  message) and the latency the rest of a; the node's copy rate C and its incast factor f
+  come from 1 / R(k) = (1 + f (k - 1)) / C, a straight line in k; the exchange says whether
+  a node's sending and receiving share its copy rate (half duplex: each direction gets about
+  R(1) / 2; the exchange then joins the line as a point at k = 1 with rate 2 x its
+  per-direction rate) or not (full duplex); the disjoint pairs are reported (do two
+  transfers at once move twice what one does?). The adds are timed apart, every rank at
+  once and rank 0 alone (``cores``: how many ranks compute at full speed at once), as is
+  CERAR's codec, and so is the runtime's agreement on each call: a 4 KB ring all-reduce
+  with and without it (``collective_overhead``).
 - **ring fit** (kept for comparison, the earlier calibration): ring all-reduce times T(n) at
   4 KB-64 MB fitted to T = A + B n, giving a per-round latency alpha = A / 2(N-1) and,
   less the adds, a bandwidth.
@@ -26,8 +28,8 @@ rate, so that 100 Mbit/s takes minutes, not an hour.
 The topology gets the node costs as the runtime pays them (``runtime_node``): the raw
 transport sets the latency, the per-message overhead, each process's copy rate, duplex and
 incast factor; the ring's per-round and per-byte costs set the runtime's own cost per round
-and the copy rate of the machine, which every transfer crosses. The output says what was measured, each
-fit's worst relative residual, and how far the written topology's simulated ring is from the
+and the copy rate of the machine, which every transfer crosses. The output says what was
+measured, each fit's worst relative residual, and how far the written topology's simulated ring is from the
 measured ring times (not independent: the ring set two of the terms).
 """
 
