@@ -8,10 +8,10 @@ Model:
   of its previous round are delivered and its work for that round is done: each element it
   received to add in (REDUCE, or CODED: a packet is combined with one add) at the node's
   ``reduce_rate``, and the round's compute multiply-adds at its ``madd_rate`` (free where the
-  topology sets none), plus its ``message_overhead`` per message and its ``round_overhead``. Its first round starts after
-  its ``collective_overhead``. Nodes behind one machine (a node with ``cores``) computing in
-  the same round share its cores. A transfer starts when both ends have started its round
-  (receives are posted). There is no global barrier.
+  topology sets none), plus its ``message_overhead`` per message and its ``round_overhead``.
+  Its first round starts after its ``collective_overhead``. Nodes behind one machine (a node
+  with ``cores``) computing in the same round share its cores. A transfer starts when both
+  ends have started its round (receives are posted). There is no global barrier.
 
 The loop advances from one event time to the next, handling every event at that time at
 once with numpy, so a ring of 1024 workers is a few thousand steps, not millions.

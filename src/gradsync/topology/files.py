@@ -112,8 +112,9 @@ def from_dict(data, source: str = "topology") -> Topology:
     try:
         return Topology(
             spec.name, tuple(Node(n.name, n.kind, n.reduce_rate, n.madd_rate, n.copy_rate,
-                                   n.message_overhead or None, n.fan_in or None, n.collective_overhead or None,
-                                   n.cores, n.round_overhead or None)
+                                   message_overhead=n.message_overhead or None, fan_in=n.fan_in or None,
+                                   collective_overhead=n.collective_overhead or None, cores=n.cores,
+                                   round_overhead=n.round_overhead or None)
                        for n in spec.nodes),
             tuple(Link(l.a, l.b, l.bandwidth, l.latency, l.duplex) for l in spec.links),
             tuple(spec.workers), spec.host, rings,
