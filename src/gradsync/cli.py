@@ -846,7 +846,8 @@ def calibrate(workers, out, repeats, launches, link_bandwidth, fmt):
                    f"the topology's simulated ring is off the measured ring by at most {check['worst_abs_error']:.0%} "
                    f"({', '.join(f'{e:+.0%}' for e in check['relative_errors'])} at "
                    f"{', '.join(format_size(int(n)) for n in check['sizes'])})")
-        click.echo(f"use it: gradsync bench --workers {workers} --topology {path}")
+        links = f" --link-bandwidth {link_bandwidth}" if link_bandwidth else ""
+        click.echo(f"use it: gradsync bench --workers {workers}{links} --topology {path}")
 
     _emit(fmt, fit, render)
 
