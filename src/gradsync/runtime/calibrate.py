@@ -337,7 +337,7 @@ def runtime_node(ring: dict, raw: dict) -> dict:
     process busy at once), which the ring measures. So: the runtime's own cost per round is
     alpha - latency - 2 o, alpha the ring's per-round cost (a round is one send and one receive
     per node; charging all of alpha - latency per message instead put a 4 KB fan-in of 3 at
-    2-3x its measured time on 100 Mbit/s links); and the machine, which every transfer between
+    2.3-3.7x its measured time on 100 Mbit/s links); and the machine, which every transfer between
     the processes crosses, moves N x the ring's bandwidth in all (a ring round moves n bytes
     in all), which is where one machine's memory and cores limit the ring. Both limits are
     written: a fan-in into one process runs at the processes' rate, the ring at the
