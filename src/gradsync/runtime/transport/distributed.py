@@ -197,25 +197,20 @@ class DistributedTransport:
             # the peer lives: Gloo closed its connections after a failure of its own, so
             # naming it would blame a survivor (seen in the fault campaign): find who is missing
             return self._roll_call(store, own, deadline + 1.0)
+        if timed_out:
+            # nobody may have seen a connection close (the kill trials found a victim whose
+            # death no survivor's socket reported): the peer waited on may be a survivor that
+            # waits in turn, so whoever has not checked in is named, not the peer
+            return self._roll_call(store, own, time.monotonic() + 1.0, suspect=own.peer)
         try:
-            if not timed_out:       # we saw the failure itself: tell the others
-                store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
-            deadline = time.monotonic() + (1.0 if timed_out else 0.0)
-            while True:             # a neighbour may be writing its notice right now
-                posted = self._notice(store)
-                if posted is not None:
-                    peer, text = posted
-                    break
-                if time.monotonic() >= deadline:
-                    store.compare_set(self.failure_key, "", f"{own.peer}|{own}")
-                    return own
-                time.sleep(0.05)
+            store.compare_set(self.failure_key, "", f"{own.peer}|{own}")   # we saw it: tell the others
+            posted = self._notice(store)
+            if posted is None:
+                return own
+            peer, text = posted
         except Exception:           # the store is gone: its host, rank 0, has died
-            if self.rank != 0:
-                return PeerError(f"rank {self.rank}: rank 0 is unreachable (it hosts the rendezvous store) "
-                                 f"while waiting for rank {p.peer}", peer=0, op=p.kind)
-            return own
-        if peer == own.peer and not timed_out:
+            return self._store_gone(own)
+        if peer == own.peer:
             return own
         return PeerError(f"rank {self.rank}: collective abandoned: {text} (this rank was waiting for rank "
                          f"{p.peer})", peer=peer, op=p.kind)
@@ -262,11 +257,21 @@ class DistributedTransport:
         return [r for r in range(self.size) if not store.check([self._alive_key(r)])]
 
 
-    def _roll_call(self, store, own: PeerError, until: float) -> PeerError:
-        """A collective step failed without saying which rank is gone. Every survivor checks
-        in when it meets the failure, at the latest by its own deadline; so unless a rank that
-        saw the failure names it first, who has not checked in by ``until`` (this rank's
-        deadline plus a margin) is named."""
+    def _store_gone(self, own: PeerError) -> PeerError:
+        """The error when the store cannot be reached: its host, rank 0, has died (unless this
+        is rank 0)."""
+        if self.rank == 0:
+            return own
+        waited = f"rank {own.peer}" if own.peer is not None else "its peers"
+        return PeerError(f"rank {self.rank}: rank 0 is unreachable (it hosts the rendezvous store) while "
+                         f"waiting for {waited}", peer=0, op=own.op)
+
+    def _roll_call(self, store, own: PeerError, until: float, suspect: int | None = None) -> PeerError:
+        """A collective step failed, or timed out, without saying which rank is gone. Every
+        survivor checks in when it meets the failure, at the latest by its own deadline; so
+        unless a rank that saw the failure names it first, who has not checked in by ``until``
+        (this rank's deadline plus a margin) is named: ``suspect`` (the peer waited on) if it is
+        among several missing, else the first of them."""
         try:
             while True:
                 posted = self._notice(store)
@@ -278,14 +283,18 @@ class DistributedTransport:
                 if len(missing) <= 1 or time.monotonic() >= until:
                     break
                 time.sleep(0.05)
-        except Exception:
-            missing = [0] if self.rank != 0 else []
+        except Exception:           # the store is gone: its host, rank 0, has died
+            return self._store_gone(own)
         if not missing:
             return own
-        error = PeerError(f"rank {self.rank}: collective abandoned: rank(s) {missing} did not check in after "
-                          f"the group failed", peer=missing[0], op=own.op)
+        named = suspect if suspect in missing and len(missing) > 1 else missing[0]
+        if named == own.peer:
+            error = own
+        else:
+            error = PeerError(f"rank {self.rank}: collective abandoned: rank(s) {missing} did not check in after "
+                              f"the group failed", peer=named, op=own.op)
         try:
-            store.compare_set(self.failure_key, "", f"{missing[0]}|{error}")
+            store.compare_set(self.failure_key, "", f"{named}|{error}")
         except Exception:
             pass
         return error
