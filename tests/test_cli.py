@@ -74,6 +74,8 @@ def test_simulate_takes_algorithm_options():
     assert json.loads(run.stdout)["rounds"] == 3 + 2 * 2 - 1
 
 
+# 12 s (tune's crossovers are also checked in process in test_tune): with the slow ones
+@pytest.mark.slow
 def test_tune_names_a_crossover():
     run = gradsync("tune", "--topology", "ring", "--workers", "16", "--format", "json")
     assert run.returncode == 0, run.stderr

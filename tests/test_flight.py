@@ -36,6 +36,8 @@ def gradsync_cli(*args):
     return subprocess.run([sys.executable, "-m", "gradsync", *args], capture_output=True, text=True, timeout=120)
 
 
+# 13 s: with the slow ones, to keep the default run under its 10 minutes
+@pytest.mark.slow
 def test_after_a_killed_worker_doctor_names_the_dead_rank_and_the_collective_in_flight(tmp_path):
     workers, victim, call = 4, 2, 6
     results = run(killed_at, workers, str(tmp_path), victim, call, timeout=60, tolerate=True)
