@@ -205,9 +205,10 @@ def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after
     position. A COPY receive lands in place if, from its posting to its arrival, nothing of
     this rank reads or writes that segment: sends reading it must be of a round before the
     posting step's (they are then waited for before posting, and are long done), and receives
-    writing it must be applied before. Otherwise, if no later send needs it (the all-gather's
-    last round, a broadcast's leaf), it is posted in place at the end, once this rank's sends
-    are done; else it lands in scratch.
+    writing it must be applied before. Otherwise it is posted in place at the first later step
+    where that holds (at N = 2 the all-gather's receive, whose segment this rank sent the round
+    before, at the next round's step, once that send is done), before the step that needs it;
+    or at the end if nothing needs it (a broadcast's leaf); else it lands in scratch.
     """
     posted_at, waits, ideals = [], {}, []
     for j, r in enumerate(receives):
@@ -218,7 +219,10 @@ def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after
         point = ideal
         if r.op == COPY and not local_rounds:
             needed = next((n for n, a in enumerate(applies) if a > j), len(keys))
-            for candidate in [ideal] + ([len(keys)] if needed == len(keys) else []):
+            # the earliest step from the ideal one on, before it is needed: a receive posted
+            # late is announced behind this rank's own sends (see the executor's post)
+            later = list(range(ideal + 1, needed)) + ([len(keys)] if needed == len(keys) else [])
+            for candidate in [ideal] + later:
                 conflict = _landing_conflict(j, r, receives, sends, keys, step_sends, applies, candidate,
                                              after_sends)
                 if conflict is not None:

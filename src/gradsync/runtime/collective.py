@@ -246,16 +246,22 @@ class Collective:
         itemsize = self.buffers[transport.rank].element_size() if rec is not None else 0
 
         def post(send_ids, receive_ids):
-            ops = [("send", self._send_data(k), plan.sends[k].peer, plan.sends[k].tag | self._salt)
-                   for k in send_ids]
-            ops += [("recv", self._landing(j, scratch), plan.receives[j].peer, plan.receives[j].tag | self._salt)
-                    for j in receive_ids]
+            # receives first: Gloo sends a message only once the peer's receive is announced,
+            # and the announcement travels in the same TCP stream as this rank's data, so one
+            # posted after a large send waits behind it (a ring at N = 2 on 1 Gbit/s links:
+            # 214 ms against 142 with the receive first). The plan makes either order safe: a
+            # receive landing in place waits for earlier rounds' sends of its segment, never
+            # for this step's.
+            ops = [("recv", self._landing(j, scratch), plan.receives[j].peer, plan.receives[j].tag | self._salt)
+                   for j in receive_ids]
+            ops += [("send", self._send_data(k), plan.sends[k].peer, plan.sends[k].tag | self._salt)
+                    for k in send_ids]
             t0 = now_ns() if rec is not None else 0
             handles = transport.post(ops)
             if rec is not None and send_ids:
                 rec.spread("send", t0, [_args(plan.sends[k], itemsize) for k in send_ids])
-            sends.update(zip(send_ids, handles[:len(send_ids)]))
-            receives.update(zip(receive_ids, handles[len(send_ids):]))
+            receives.update(zip(receive_ids, handles[:len(receive_ids)]))
+            sends.update(zip(send_ids, handles[len(receive_ids):]))
 
         def wait_sends(ids):
             ready = [sends.pop(k) for k in ids if k in sends]
@@ -379,13 +385,15 @@ class Collective:
                     decode(step.round - 1)
             packets = [worker.packet(plan.sends[k].round, plan.sends[k].offset,
                                      plan.sends[k].offset + plan.sends[k].count) for k in step.sends]
+            # receives before sends (see _run_exact), but after encoding: the next round's
+            # piece lands in the buffer this round's packet piece was just encoded from
+            post_receives(step.posts)
             t0 = now_ns() if rec is not None else 0
             handles = transport.post([("send", p, plan.sends[k].peer, plan.sends[k].tag | self._salt)
                                       for p, k in zip(packets, step.sends)])
             if rec is not None and step.sends:
                 rec.spread("send", t0, [_args(plan.sends[k], itemsize) for k in step.sends])
             sending += zip(handles, packets)
-            post_receives(step.posts)
         post_receives(plan.drain_posts)
         t0 = now_ns() if rec is not None else 0
         last = sorted(receives)
