@@ -155,9 +155,9 @@ def test_calibrate_across_two_machines_fits_inside_and_between_apart(tmp_path):
     fits = json.loads(first)
     assert (fits["machines"], fits["local_size"]) == (2, 2)
     link = net.rate                                                 # bytes/s the tbf lets through each way
-    # the link's rate as the runtime's ring moves it: 0.62-0.70 of the link idle, 0.51 on a
-    # loaded CI machine (the runtime's exchanges lose a third on links: docs/simulator.md)
-    assert 0.4 * link < fits["across"]["bandwidth_Bps"] < 1.2 * link
+    # the link's rate as the runtime's ring moves it: 0.70-0.95 of the link here, idle; before
+    # receives were posted first 0.62-0.70, and 0.51 on a loaded CI machine (docs/runtime.md)
+    assert 0.45 * link < fits["across"]["bandwidth_Bps"] < 1.2 * link
     assert fits["inside"]["bandwidth_Bps"] > 2 * link               # loopback inside a machine
     topology = load(out)
     assert topology.machine_size() == 2                             # the hierarchical all-reduce groups by it

@@ -79,6 +79,41 @@ def test_scratch_is_bounded_by_two_rounds_for_ring_and_in_place_where_safe():
     assert compile_plan(central.schedule(4, 1000), rank=1, itemsize=4).scratch == 0
 
 
+@pytest.mark.parametrize("algorithm", algorithms.names(exact=True))
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_no_receive_is_posted_after_this_ranks_sends_of_its_own_round(algorithm, workers):
+    # Gloo sends only once the receiver announced its receive, and the announcement queues
+    # behind the receiver's own data: a receive posted after a same-round send stalls the link
+    for rank in range(workers):
+        plan = compile_plan(algorithms.get(algorithm).schedule(workers, 4_000_000), rank=rank, itemsize=4,
+                            piece=250_000)
+        step_rounds = [step.round for step in plan.steps]
+        for n, step in enumerate(plan.steps):
+            for j in step.posts:
+                assert step.round <= plan.receives[j].round, (rank, n, plan.receives[j])
+        for j in plan.drain_posts:         # at the end only when every send of this rank came before
+            assert max(step_rounds, default=-1) < plan.receives[j].round, (rank, plan.receives[j])
+
+
+def test_each_post_hands_its_receives_to_the_transport_before_its_sends(monkeypatch):
+    calls = []
+    post = MemoryTransport.post
+
+    def recording(self, ops):
+        calls.append([kind for kind, *_ in ops])
+        return post(self, ops)
+
+    monkeypatch.setattr(MemoryTransport, "post", recording)
+    inputs = [torch.arange(600_001, dtype=torch.float64) for _ in range(2)]
+    for algorithm in ("ring", "sharded", "halving_doubling", "tree"):
+        calls.clear()
+        results = run_group(inputs, algorithm)
+        assert all(isinstance(got, torch.Tensor) for got in results), results
+        # beyond the agreement's one exchange per rank, steps that both receive and send
+        assert sum("send" in kinds and "recv" in kinds for kinds in calls) > len(inputs), (algorithm, calls)
+        assert all(kinds == sorted(kinds) for kinds in calls), (algorithm, calls)    # "recv" < "send"
+
+
 def test_halving_doubling_on_a_non_power_of_two_is_planned_and_checked():
     for rank in range(6):
         plan = compile_plan(halving_doubling.schedule(6, 3_000_000), rank=rank, itemsize=8)
