@@ -73,7 +73,7 @@ class Step:
     applies: int                    # receives[:applies] are applied before the sends
     waits: tuple[int, ...]          # sends complete before posting this step's in-place receives
     sends: tuple[int, ...]          # indices into Plan.sends
-    posts: tuple[int, ...]          # indices into Plan.receives, posted after the sends
+    posts: tuple[int, ...]          # indices into Plan.receives, posted with the sends, first
     local: tuple[Local, ...] = ()   # done after every send of the round is complete
 
 
@@ -198,10 +198,10 @@ def compile_plan(schedule: Schedule, rank: int, itemsize: int, ops: tuple = (RED
 
 
 def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after_sends):
-    """Where each receive is posted: -1 before the first step, n after step n's sends, or
+    """Where each receive is posted: -1 before the first step, n with step n's sends, or
     len(keys) at the end; and the sends each step (or the end) waits for before posting.
 
-    A receive is posted a round ahead: after the step of the previous round at its piece
+    A receive is posted a round ahead: with the step of the previous round at its piece
     position. A COPY receive lands in place if, from its posting to its arrival, nothing of
     this rank reads or writes that segment: sends reading it must be of a round before the
     posting step's (they are then waited for before posting, and are long done), and receives

@@ -29,8 +29,8 @@ The topology gets the node costs as the runtime pays them (``runtime_node``): th
 transport sets the latency, the per-message overhead, each process's copy rate, duplex and
 incast factor; the ring's per-round and per-byte costs set the runtime's own cost per round
 and the copy rate of the machine, which every transfer crosses. The output says what was
-measured, each fit's worst relative residual, and how far the written topology's simulated ring is from the
-measured ring times (not independent: the ring set two of the terms).
+measured, each fit's worst relative residual, and how far the written topology's simulated
+ring is from the measured ring times (not independent: the ring set two of the terms).
 """
 
 from __future__ import annotations

@@ -305,8 +305,8 @@ class Collective:
             flight.round = step.round
             apply(step.applies)
             wait_sends(step.waits)
+            post(step.sends, step.posts)            # with in-memory work every receive lands in scratch
             if step.local:
-                post(step.sends, step.posts)        # with in-memory work every receive lands in scratch
                 wait_sends(list(sends))             # in-memory work writes what sends may read
                 t0 = now_ns() if rec is not None else 0
                 for x in step.local:
@@ -315,8 +315,6 @@ class Collective:
                     target.add_(data) if x.op == REDUCE else target.copy_(data)
                 if rec is not None:
                     rec.event("local", t0, {"round": step.round, "transfers": len(step.local)})
-            else:
-                post(step.sends, step.posts)
         wait_sends(plan.drain_waits)
         post((), plan.drain_posts)
         apply(len(plan.receives))
