@@ -12,8 +12,8 @@ import argparse
 import numpy as np
 
 import gradsync
-from gradsync.simulate import simulate
-from gradsync.topology import preset
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import preset
 from gradsync.units import format_size
 
 SIZES = [int(s) for s in np.geomspace(4e3, 1e9, 13)]

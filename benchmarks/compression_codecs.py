@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from gradsync.compression.predict import codec_rate, copy_rate
+from gradsync.tools.codec_predict import codec_rate, copy_rate
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 METHODS = ("fp16", "bf16", "powersgd:rank=1", "powersgd:rank=4", "topk:ratio=0.01", "sign")

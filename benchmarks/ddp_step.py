@@ -64,7 +64,7 @@ def worker(rank, workers, steps, blocks):
 
 
 def main():
-    from gradsync.runtime import run
+    from gradsync.tools.launch import run
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4)

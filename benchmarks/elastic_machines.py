@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from gradsync.runtime.links import SlowLinks
+from gradsync.tools.links import SlowLinks
 from gradsync.training import elastic
 from gradsync.training.train import TrainConfig
 

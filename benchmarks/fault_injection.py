@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gradsync.runtime.faults import campaign
+from gradsync.tools.faults import campaign
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

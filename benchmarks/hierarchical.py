@@ -27,12 +27,12 @@ import torch.distributed as dist
 
 import gradsync
 from gradsync import algorithms
-from gradsync.cost import default_options
-from gradsync.runtime.launch import run
+from gradsync.model.cost import default_options
+from gradsync.tools.launch import run
 from gradsync.runtime.transport import for_group
-from gradsync.runtime.links import SlowLinks
-from gradsync.simulate import simulate
-from gradsync.topology.presets import lowbw_cluster
+from gradsync.tools.links import SlowLinks
+from gradsync.model.simulate import simulate
+from gradsync.model.topology.presets import lowbw_cluster
 
 METHODS = ("ring", "hierarchical", "native", "ring_mixed", "hierarchical_mixed")
 

@@ -46,7 +46,7 @@ def rss_growth(rank, workers, algorithm, elements):
 
 def main():
     from gradsync import algorithms
-    from gradsync.runtime import run
+    from gradsync.tools.launch import run
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="2,4,8")

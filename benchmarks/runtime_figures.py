@@ -25,7 +25,8 @@ SIZES = "4KB,64KB,1MB,4MB,16MB,64MB,256MB"
 
 def bucketing(rank, workers, count, nbytes):
     """Median seconds to synchronize ``count`` tensors one by one and bucketed."""
-    from gradsync.runtime import all_reduce, all_reduce_coalesced
+    from gradsync.runtime import all_reduce
+    from gradsync.integrations.bucketing import all_reduce_coalesced
 
     torch.set_num_threads(1)
     grads = [torch.randn(nbytes // 4) for _ in range(count)]
@@ -90,7 +91,7 @@ def main():
     if args.tables:
         print(tables(json.loads(Path(args.tables).read_text())))
         return
-    from gradsync.runtime.launch import run
+    from gradsync.tools.launch import run
 
     results = {}
     for n in map(int, args.workers.split(",")):

@@ -75,7 +75,7 @@ def ring_release(rank, workers, keep):
 
 
 def _launch(fn, workers, *args, omp=None):
-    from gradsync.runtime.launch import run
+    from gradsync.tools.launch import run
 
     old = os.environ.get("OMP_NUM_THREADS")
     if omp is not None:

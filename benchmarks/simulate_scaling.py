@@ -29,8 +29,8 @@ def one(workers: int, size: str, symmetry: bool, fmt: str) -> dict:
     import numpy as np
 
     import gradsync
-    from gradsync.simulate import load_timeline, simulate
-    from gradsync.topology import preset
+    from gradsync.model.simulate import load_timeline, simulate
+    from gradsync.model.topology import preset
     from gradsync.units import parse_size
 
     topo = preset("ethernet", workers=workers)

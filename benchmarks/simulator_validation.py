@@ -36,8 +36,8 @@ def gradsync(*args, timeout=3600):
 
 def predict(topo, name, workers, count, components):
     from gradsync import algorithms
-    from gradsync.cost import default_options
-    from gradsync.simulate import simulate
+    from gradsync.model.cost import default_options
+    from gradsync.model.simulate import simulate
 
     options = default_options(name, topo, workers)
     if name == "cerar":
@@ -102,7 +102,7 @@ def report(run):
 def refit(calibration: dict) -> dict:
     """The calibration as the current code fits it: from the launches' raw measurements where
     the run kept them, so that a change to the fitting is judged on the same measurements."""
-    from gradsync.runtime.calibrate import fit_launches
+    from gradsync.tools.calibrate import fit_launches
 
     if "launches" not in calibration:
         return calibration
@@ -115,8 +115,8 @@ def refit(calibration: dict) -> dict:
 
 def predictions(run: dict) -> dict:
     """Each row's predicted times and errors under the two models built from the run's calibration."""
-    from gradsync.runtime.calibrate import topology_dict
-    from gradsync.topology import from_dict
+    from gradsync.tools.calibrate import topology_dict
+    from gradsync.model.topology import from_dict
 
     fit = refit({"workers": run["workers"], **run["calibration"]})
     run["model"] = {k: v for k, v in fit.items() if k != "launches"}
@@ -212,8 +212,8 @@ def main():
         return
 
     from gradsync import algorithms
-    from gradsync.runtime import calibrate          # noqa: F401  (imported now: a run takes minutes)
-    from gradsync.topology import files           # noqa: F401
+    from gradsync.tools import calibrate   # noqa: F401  (imported now: a run takes minutes)
+    from gradsync.model.topology import files   # noqa: F401
 
     names = [a for a in algorithms.names(exact=True) if a != "hierarchical"] + ["cerar"]
     result = {"benchmark": "benchmarks/simulator_validation.py", "cpus": os.cpu_count(),

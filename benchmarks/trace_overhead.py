@@ -24,7 +24,7 @@ SIZES = {4096: 300, 16 << 20: 20}      # bytes -> timed calls per variant
 
 def worker(rank, workers):
     import gradsync
-    from gradsync.runtime.bench import time_in_blocks
+    from gradsync.tools.bench import time_in_blocks
     from gradsync.runtime.tracing import Trace
 
     torch.set_num_threads(1)
@@ -60,7 +60,7 @@ def event_cost_s(events: int = 200_000) -> float:
 
 
 def main():
-    from gradsync.runtime.launch import run
+    from gradsync.tools.launch import run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)

@@ -19,10 +19,11 @@ SIZES = (64 << 10, 1 << 20, 16 << 20)
 
 
 def measure(workers, topology, network=None, iters=10):
-    from gradsync import algorithms, trace
-    from gradsync.runtime import bench
-    from gradsync.runtime.launch import run
-    from gradsync.simulate import simulate
+    from gradsync import algorithms
+    from gradsync.tools import trace_files as trace
+    from gradsync.tools import bench
+    from gradsync.tools.launch import run
+    from gradsync.model.simulate import simulate
 
     results = run(bench.worker, workers, list(SIZES), list(ALGORITHMS), iters, "float32", 120.0, {}, False, None,
                   True, timeout=1200, network=network)
@@ -44,8 +45,8 @@ def measure(workers, topology, network=None, iters=10):
 
 
 def main():
-    from gradsync.runtime import calibrate
-    from gradsync.topology import preset, resolve
+    from gradsync.tools import calibrate
+    from gradsync.model.topology import preset, resolve
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
@@ -62,7 +63,7 @@ def main():
           f"{fit['bandwidth_Bps'] / 1e9:.2f} GB/s")
     result["loopback"] = measure(args.workers, topology)
     if args.links:
-        from gradsync.runtime.links import SlowLinks
+        from gradsync.tools.links import SlowLinks
 
         topology = preset("ethernet", workers=args.workers, nic=args.links, latency="50us")
         print(f"emulated {args.links} links")

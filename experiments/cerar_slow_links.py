@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import gradsync
-from gradsync.runtime.launch import run
-from gradsync.runtime.links import SlowLinks
+from gradsync.tools.launch import run
+from gradsync.tools.links import SlowLinks
 from gradsync.training.train import TrainConfig, plot, train
 from gradsync.units import parse_bandwidth
 

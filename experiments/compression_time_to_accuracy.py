@@ -38,8 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gradsync.compression import make
-from gradsync.compression.predict import collective_overhead, measure_overhead, predict
-from gradsync.runtime.launch import run
+from gradsync.tools.codec_predict import collective_overhead, measure_overhead, predict
+from gradsync.tools.launch import run
 from gradsync.torch import comm_hook
 from gradsync.training import data, models
 
@@ -192,8 +192,8 @@ def predicted_sync(method, workers, elements, link, model="cnn", straggler=None,
             return None
         link = straggler[1]
     from gradsync import algorithms
-    from gradsync.simulate import simulate
-    from gradsync.topology import preset
+    from gradsync.model.simulate import simulate
+    from gradsync.model.topology import preset
 
     chosen = chosen_method(method, workers)
     topo = preset("ethernet", workers=workers, nic=link or "100Gbit", latency="50us")
@@ -355,7 +355,7 @@ def main():
                                                       f"/{args.model}") + (f"/{args.straggler}" if straggler else "")
         rows = stored.setdefault(key, {})
         if args.link:
-            from gradsync.runtime.links import SlowLinks
+            from gradsync.tools.links import SlowLinks
             network = SlowLinks(args.workers, args.link)
         else:
             network = None

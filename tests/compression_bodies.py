@@ -1,4 +1,4 @@
-"""Worker bodies for the compression tests over Gloo (run by gradsync.runtime.run)."""
+"""Worker bodies for the compression tests over Gloo (run by gradsync.tools.launch.run)."""
 
 import numpy as np
 import torch

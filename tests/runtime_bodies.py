@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 import gradsync
 from gradsync.errors import GradsyncError
-from gradsync.runtime import KVStore, all_reduce_coalesced
+from gradsync.integrations.kvstore import KVStore
+from gradsync.integrations.bucketing import all_reduce_coalesced
 
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16]
 

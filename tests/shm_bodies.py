@@ -104,7 +104,7 @@ MIXED_LENGTHS = {torch.float64: (0, 13, LONG), torch.float32: (1000,)}
 def mixed_sums(rank, workers, per_host):
     """Ring and hierarchical over "auto" on emulated machines: max relative error against
     numpy's float64 sum, per (algorithm, dtype, length); what auto chose; the learned grouping."""
-    from gradsync.runtime import hosts
+    from gradsync.runtime.transport import hosts
 
     _as_machines(rank, per_host)
     chosen = for_group("auto")

@@ -3,9 +3,9 @@
 import pytest
 
 from gradsync import algorithms
-from gradsync.runtime import calibrate
-from gradsync.simulate import simulate
-from gradsync.topology import from_dict
+from gradsync.tools import calibrate
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import from_dict
 
 N, ALPHA, BANDWIDTH, ONE_WAY = 4, 400e-6, 1e9, 2e9
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 import gradsync
 from gradsync import cli
 from gradsync.errors import GradsyncError
-from gradsync.simulate import simulate
-from gradsync.topology import preset
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import preset
 
 
 class Launched(Exception):
@@ -36,7 +36,7 @@ def refuse_to_launch(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def no_launch(monkeypatch):
-    from gradsync.runtime import calibrate, launch
+    from gradsync.tools import calibrate, launch
     monkeypatch.setattr(launch, "run", refuse_to_launch)
     monkeypatch.setattr(calibrate, "calibrate", refuse_to_launch)
 
@@ -332,7 +332,7 @@ def test_fuzz_api_emulate(algorithm, workers, elements, dtype, op, options):
        topology_workers=st.one_of(st.none(), st.integers(-1, 5000)),
        itemsize=st.one_of(st.integers(-2, 16), st.sampled_from([True, 2.5, "4", None])))
 def test_fuzz_api_simulate(algorithm, workers, elements, topology, topology_workers, itemsize):
-    topo = api_call(gradsync.topology.resolve, topology, topology_workers)
+    topo = api_call(gradsync.model.topology.resolve, topology, topology_workers)
     if topo is not None and len(topo.workers) <= 64:
         api_call(simulate, gradsync.schedule(algorithm, workers, elements), topo, itemsize)
 

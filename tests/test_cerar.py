@@ -6,9 +6,9 @@ import pytest
 import gradsync
 from gradsync import ConfigError, ScheduleError, Schedule
 from gradsync.coding import cerar
-from gradsync.cost import predict
-from gradsync.simulate import simulate
-from gradsync.topology import preset
+from gradsync.model.cost import predict
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import preset
 
 
 def rel_errors(estimates, inputs):

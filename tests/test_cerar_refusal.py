@@ -13,7 +13,7 @@ import gradsync
 from gradsync import ConfigError, algorithms
 from gradsync.coding import cerar
 from gradsync.errors import MismatchError, NonFiniteError
-from gradsync.tune import default_candidates
+from gradsync.model.tune import default_candidates
 from thread_groups import run_group
 
 REFUSAL = re.compile(r"N = (\d+) workers and c = (\d+) components predicts a relative error of (\S+) in (\w+), "

@@ -58,7 +58,7 @@ def test_simulate_writes_a_timeline(tmp_path):
 
 
 def test_simulate_writes_a_columnar_timeline(tmp_path):
-    from gradsync.simulate import load_timeline
+    from gradsync.model.simulate import load_timeline
     out = tmp_path / "run.npz"
     run = gradsync("simulate", "--algorithm", "ring", "--topology", "ethernet", "--workers", "6",
                    "--size", "1MB", "--out", str(out))

@@ -289,7 +289,7 @@ def test_wire_bytes_shrink():
 @pytest.mark.slow
 def test_all_reduce_with_compression_over_gloo():
     import compression_bodies as bodies
-    from gradsync.runtime import run
+    from gradsync.tools.launch import run
 
     workers = 3
     results = run(bodies.all_reduce_codecs, workers)
@@ -308,7 +308,7 @@ def test_all_reduce_with_compression_over_gloo():
 @pytest.mark.slow
 def test_ddp_comm_hook_with_compression():
     import compression_bodies as bodies
-    from gradsync.runtime import run
+    from gradsync.tools.launch import run
 
     for errors in run(bodies.ddp_hook_codecs, 2):
         assert errors["topk:ratio=1"] < 1e-6          # keeps everything: exact
@@ -329,9 +329,9 @@ def test_all_reduce_refuses_bad_compression_before_posting():
 
 def test_prediction_is_the_simulated_wire_plus_codec_time():
     from gradsync import algorithms
-    from gradsync.compression.predict import predict
-    from gradsync.simulate import simulate
-    from gradsync.topology import preset
+    from gradsync.tools.codec_predict import predict
+    from gradsync.model.simulate import simulate
+    from gradsync.model.topology import preset
 
     topo, n, workers = preset("ethernet", workers=4, nic="100Mbit"), 1 << 20, 4
     fp16 = predict("fp16", "ring", topo, n, rate=1e8)
@@ -348,8 +348,8 @@ def test_prediction_is_the_simulated_wire_plus_codec_time():
 
 
 def test_the_runtime_fixed_cost_is_counted_per_collective_and_round():
-    from gradsync.compression.predict import fit_overhead, predict
-    from gradsync.topology import preset
+    from gradsync.tools.codec_predict import fit_overhead, predict
+    from gradsync.model.topology import preset
 
     # a ring all-reduce of N = 5: 8 rounds; its all-gather half: 4
     assert fit_overhead(5, 2.0 + 8 * 0.25, 2.0 + 4 * 0.25) == {"per_collective_s": 2.0, "per_round_s": 0.25}
@@ -370,7 +370,7 @@ def test_the_runtime_fixed_cost_is_counted_per_collective_and_round():
 
 
 def test_one_step_error_orders_the_codecs():
-    from gradsync.compression.predict import one_step_error
+    from gradsync.tools.codec_predict import one_step_error
 
     errors = {s: one_step_error(s, 3, 4096) for s in ("fp16", "bf16", "sign", "topk:ratio=0.01")}
     assert errors["fp16"] < 1e-3 < errors["bf16"] < 1e-2 < errors["sign"] < errors["topk:ratio=0.01"] < 1

@@ -6,7 +6,7 @@ import torch
 
 import runtime_bodies as bodies
 from gradsync.errors import ConfigError
-from gradsync.runtime import run
+from gradsync.tools.launch import run
 from gradsync.training import elastic
 from gradsync.training.train import TrainConfig
 

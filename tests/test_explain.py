@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from gradsync.explain import explain
-from gradsync.topology import preset
-from gradsync.tune import choose
+from gradsync.model.explain import explain
+from gradsync.model.topology import preset
+from gradsync.model.tune import choose
 
 LINEAR = ["central", "sharded", "ring", "halving_doubling"]
 

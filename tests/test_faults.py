@@ -2,7 +2,7 @@
 
 import pytest
 
-from gradsync.runtime.faults import campaign
+from gradsync.tools.faults import campaign
 
 
 @pytest.mark.slow

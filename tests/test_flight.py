@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import gradsync
-from gradsync.doctor import diagnose, read
+from gradsync.tools.doctor import diagnose, read
 from gradsync.errors import ConfigError
 from gradsync.runtime import flight
-from gradsync.runtime.launch import run
+from gradsync.tools.launch import run
 
 
 def killed_at(rank, workers, directory, victim, call):

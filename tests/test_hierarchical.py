@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from gradsync import ConfigError, algorithms
-from gradsync.runtime.launch import local_size
-from gradsync.schedule import verify
-from gradsync.topology import preset
-from gradsync.topology.presets import lowbw_cluster
+from gradsync.runtime.transport.hosts import local_size
+from gradsync.core.schedule import verify
+from gradsync.model.topology import preset
+from gradsync.model.topology.presets import lowbw_cluster
 from thread_groups import run_group
 
 
@@ -41,8 +41,8 @@ def test_only_two_m_minus_one_over_m_of_the_buffer_leaves_each_machine(machines,
 
 
 def test_closed_form_matches_the_simulator_across_servers():
-    from gradsync.cost import default_options, predict
-    from gradsync.simulate import simulate
+    from gradsync.model.cost import default_options, predict
+    from gradsync.model.simulate import simulate
 
     for servers, gpus in ((2, 2), (2, 4), (4, 2)):
         topo = lowbw_cluster(servers, gpus)

@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from gradsync.runtime import hosts
-from gradsync.runtime.hosts import IDENTITY_BYTES, HostMap, from_identities, identity
-from gradsync.runtime.launch import launcher_local_size, local_size
+from gradsync.runtime.transport import hosts
+from gradsync.runtime.transport.hosts import IDENTITY_BYTES, HostMap, from_identities, identity
+from gradsync.runtime.transport.hosts import launcher_local_size, local_size
 from gradsync.runtime.transport import auto_kind
 
 LAUNCHER_VARIABLES = ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")

@@ -7,8 +7,8 @@ import pytest
 
 import runtime_bodies as bodies
 from gradsync import ConfigError
-from gradsync.runtime import links
-from gradsync.runtime.launch import run
+from gradsync.tools import links
+from gradsync.tools.launch import run
 
 root_only = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/sbin/ip"),
                                reason="needs root and iproute2")
@@ -105,8 +105,8 @@ def test_a_slow_machine_slows_the_ring_to_its_rate():
 @pytest.mark.slow
 @root_only
 def test_calibrate_on_slow_links_measures_the_links_and_writes_them(tmp_path):
-    from gradsync.runtime import calibrate
-    from gradsync.topology import load
+    from gradsync.tools import calibrate
+    from gradsync.model.topology import load
 
     with links.SlowLinks(2, "100Mbit") as net:
         fit = calibrate.calibrate(2, repeats=3, launches=1, network=net)

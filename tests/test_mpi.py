@@ -28,7 +28,7 @@ def test_bench_over_mpi_sums_exactly():
 TRACED = """
 import sys, torch
 from mpi4py import MPI
-from gradsync.runtime.mpi import all_reduce
+from gradsync.integrations.mpi import all_reduce
 from gradsync.runtime.tracing import Trace
 t = Trace()
 for _ in range(2):
@@ -41,9 +41,10 @@ t.save(f"{sys.argv[1]}/rank{MPI.COMM_WORLD.Get_rank()}.json")
 def test_traces_over_mpi_merge_into_one_on_rank_0s_clock(tmp_path):
     import os
 
-    from gradsync import algorithms, trace
-    from gradsync.simulate import simulate
-    from gradsync.topology import preset
+    from gradsync import algorithms
+    from gradsync.tools import trace_files as trace
+    from gradsync.model.simulate import simulate
+    from gradsync.model.topology import preset
 
     (tmp_path / "traced.py").write_text(TRACED)
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gradsync.runtime.links import SlowLinks
+from gradsync.tools.links import SlowLinks
 from gradsync.training import elastic
 from gradsync.training.train import TrainConfig
 
@@ -146,7 +146,7 @@ def test_elastic_training_survives_losing_the_first_machine_when_the_store_is_ou
 @needs_root
 @pytest.mark.slow
 def test_calibrate_across_two_machines_fits_inside_and_between_apart(tmp_path):
-    from gradsync.topology import load
+    from gradsync.model.topology import load
 
     out = tmp_path / "two-machines.json"
     with SlowLinks(4, "1Gbit", per_node=2) as net:

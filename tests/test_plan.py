@@ -12,8 +12,8 @@ import torch
 from gradsync import algorithms
 from gradsync.algorithms import central, halving_doubling, ring
 from gradsync.errors import MismatchError
-from gradsync import plan as plan_module
-from gradsync.plan import compile_plan
+from gradsync.core import plan as plan_module
+from gradsync.core.plan import compile_plan
 from gradsync.runtime.api import compiled, frozen, prepare
 from gradsync.runtime.transport import MemoryTransport
 from thread_groups import run_group

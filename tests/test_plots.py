@@ -7,7 +7,7 @@ import sys
 import pytest
 from matplotlib.image import imread
 
-from gradsync.plots import bench_plot, tune_plot
+from gradsync.tools.plots import bench_plot, tune_plot
 
 
 def gradsync(*args):

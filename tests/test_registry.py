@@ -16,7 +16,7 @@ from gradsync.algorithms._common import check_size
 from gradsync.algorithms.spec import AlgorithmSpec, Option, is_int
 from gradsync.cli import main
 from gradsync.errors import ConfigError
-from gradsync.schedule import REDUCE, Schedule, chunk_bounds, transfers, verify
+from gradsync.core.schedule import REDUCE, Schedule, chunk_bounds, transfers, verify
 
 
 def pairwise_schedule(workers: int, elements: int, segments: int = 1) -> Schedule:
@@ -66,7 +66,7 @@ def test_registered_algorithm_is_everywhere_in_process(pairwise):
     assert algorithms.get("pairwise").schedule is pairwise_schedule
     inputs = [np.arange(5.0), np.ones(5), np.full(5, 2.0)]
     assert gradsync.emulate("pairwise", inputs, segments=2)[2].tolist() == [3.0, 5.0, 7.0, 9.0, 11.0]
-    from gradsync.tune import default_candidates
+    from gradsync.model.tune import default_candidates
     assert "pairwise" in [c.label for c in default_candidates(4)]
     assert (__name__, "pairwise") in algorithms.external()
 

@@ -6,7 +6,7 @@ import pytest
 
 import runtime_bodies as bodies
 from gradsync import GradsyncError
-from gradsync.runtime import run
+from gradsync.tools.launch import run
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float64": 1e-13, "torch.int32": 0.0, "torch.bfloat16": 2e-2}
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gradsync import Schedule, ScheduleError, schedule, verify
-from gradsync.schedule import COPY, REDUCE, chunk_bounds, transfers
+from gradsync.core.schedule import COPY, REDUCE, chunk_bounds, transfers
 
 
 def make(workers, elements, rows, helpers=()):

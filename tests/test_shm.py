@@ -11,7 +11,7 @@ import pytest
 import shm_bodies as bodies
 from gradsync import ConfigError
 from gradsync.algorithms import names
-from gradsync.runtime import run
+from gradsync.tools.launch import run
 from gradsync.runtime.transport import for_group
 from gradsync.runtime.transport.shm import PREFIX, SHM_DIR, layout, sweep
 
@@ -87,7 +87,7 @@ def test_layout_stays_within_its_budget():
 def test_an_unknown_transport_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match="transport must be one of gloo, shm, auto, got 'tcp'"):
         for_group("tcp")
-    with pytest.raises(ConfigError, match="gradsync.runtime.mpi.all_reduce"):
+    with pytest.raises(ConfigError, match="gradsync.integrations.mpi.all_reduce"):
         for_group("mpi")
 
 
@@ -125,7 +125,7 @@ def test_training_over_shared_memory_matches_one_worker_on_the_whole_batch():
 
 @pytest.mark.slow
 def test_kill_trials_over_shared_memory_name_the_victim_and_leave_no_segment():
-    from gradsync.runtime.faults import campaign
+    from gradsync.tools.faults import campaign
 
     timeout = 3.0
     summary = campaign(3, timeout=timeout, seed=11, transport="shm")["summary"]

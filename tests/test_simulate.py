@@ -5,10 +5,10 @@ import pytest
 
 from gradsync import Schedule, schedule
 from gradsync.algorithms import EXACT
-from gradsync.cost import default_options, predict
-from gradsync.schedule import REDUCE, transfers
-from gradsync.simulate import simulate
-from gradsync.topology import Link, Node, Topology, preset
+from gradsync.model.cost import default_options, predict
+from gradsync.core.schedule import REDUCE, transfers
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import Link, Node, Topology, preset
 
 MB = 10**6
 
@@ -172,7 +172,7 @@ def test_asymmetric_runs_are_simulated_in_full(algorithm, topology, workers, ele
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_timeline_npz_round_trips(tmp_path, symmetric):
-    from gradsync.simulate import load_timeline
+    from gradsync.model.simulate import load_timeline
     topo = preset("ethernet", workers=6)
     result = simulate(schedule("ring", 6, 600 if symmetric else 601), topo)
     assert (result.orbit is not None) == symmetric
@@ -189,7 +189,7 @@ def test_timeline_npz_round_trips(tmp_path, symmetric):
 
 def test_timeline_refuses_other_formats(tmp_path):
     from gradsync import ConfigError
-    from gradsync.simulate import load_timeline
+    from gradsync.model.simulate import load_timeline
     result = simulate(schedule("ring", 3, 30), preset("ethernet", workers=3))
     with pytest.raises(ConfigError, match="npz or .json"):
         result.save(tmp_path / "t.csv")

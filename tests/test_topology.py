@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradsync import TopologyError
-from gradsync.topology import PRESETS, from_dict, load, loads, preset
+from gradsync.model.topology import PRESETS, from_dict, load, loads, preset
 
 GOOD = {
     "name": "two",
@@ -115,7 +115,7 @@ def test_fuzzed_topologies_load_or_raise_topology_error(data):
 
 
 def test_node_costs_load_from_a_file_with_units_and_bad_values_are_named():
-    from gradsync.topology import from_dict
+    from gradsync.model.topology import from_dict
     base = {"links": [{"a": "a", "b": "b", "bandwidth": "10GB/s"}], "workers": ["a", "b"]}
     t = from_dict({**base, "nodes": [{"name": "a", "kind": "host", "copy_rate": "2GB/s", "message_overhead": "20us",
                                       "fan_in": 0.5}, {"name": "b", "kind": "host"}]})

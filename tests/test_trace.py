@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from gradsync import algorithms, trace
+from gradsync import algorithms
+from gradsync.tools import trace_files as trace
 from gradsync.errors import ConfigError
-from gradsync.runtime import bench
+from gradsync.tools import bench
 from gradsync.runtime.api import prepare
-from gradsync.runtime.launch import run
+from gradsync.tools.launch import run
 from gradsync.runtime.tracing import Trace
 from gradsync.runtime.transport import MemoryTransport
-from gradsync.simulate import simulate
-from gradsync.topology import preset
+from gradsync.model.simulate import simulate
+from gradsync.model.topology import preset
 
 
 def traced_group(workers, algorithm, elements, calls=1, **options):

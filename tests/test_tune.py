@@ -4,8 +4,8 @@ import pytest
 
 from gradsync import ConfigError
 from gradsync.algorithms import EXACT
-from gradsync.topology import preset
-from gradsync.tune import choose, predicted_time, table
+from gradsync.model.topology import preset
+from gradsync.model.tune import choose, predicted_time, table
 
 
 def test_choose_is_the_argmin_of_predicted_times():
@@ -25,8 +25,8 @@ def test_hierarchical_is_chosen_across_two_servers_for_the_traffic_it_saves():
     # 2 servers x 4 GPUs: a flat ring sends 2 (N - 1)/N = 1.75 of the buffer over the
     # 1 Gbit/s link, the hierarchical all-reduce 2 (M - 1)/M = 1 of it
     from gradsync import algorithms
-    from gradsync.cost import default_options
-    from gradsync.simulate import simulate
+    from gradsync.model.cost import default_options
+    from gradsync.model.simulate import simulate
 
     topo = preset("lowbw-cluster")
     assert choose(topo, 1 << 30).label == "hierarchical"
@@ -65,7 +65,7 @@ def test_empty_candidates_are_refused():
 
 
 def test_an_error_budget_lets_cerar_win_on_slow_links():
-    from gradsync.topology import preset as make
+    from gradsync.model.topology import preset as make
     slow = make("ethernet", workers=8, nic="100Mbit/s")
     assert choose(slow, 64 << 20).label != "cerar"                       # no budget: exact only
     picked = choose(slow, 64 << 20, max_error=1e-2)
@@ -76,15 +76,15 @@ def test_an_error_budget_lets_cerar_win_on_slow_links():
 
 
 def test_an_impossible_error_budget_leaves_the_exact_algorithms():
-    from gradsync.tune import default_candidates
+    from gradsync.model.tune import default_candidates
     assert all(c.algorithm != "cerar" for c in default_candidates(8, max_error=1e-9))
 
 
 def test_auto_simulates_when_the_topology_has_node_costs():
     # a calibrated-like switch: fast links, nodes limited by their copy rate, incast, overheads.
     # The closed forms see only the links and pick sharded; the simulator sees the nodes.
-    from gradsync.topology import Link, Node, Topology
-    from gradsync.tune import choose
+    from gradsync.model.topology import Link, Node, Topology
+    from gradsync.model.tune import choose
     nodes = [Node(f"w{i}", "host", 2e9, None, 1e9, 50e-6, 0.5) for i in range(8)]
     nodes += [Node("ps", "cpu", 2e9, None, 1e9, 50e-6, 0.5), Node("sw", "switch")]
     topo = Topology("costly", tuple(nodes), tuple(Link(n.name, "sw", 1e12, 5e-6) for n in nodes[:-1]),

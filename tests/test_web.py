@@ -329,7 +329,7 @@ def _bezier(a, b, bend, steps=40):
 
 @pytest.mark.parametrize("name", ["ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowbw-cluster"])
 def test_no_link_is_drawn_through_a_node_it_does_not_connect(name):
-    from gradsync.topology import preset
+    from gradsync.model.topology import preset
     from gradsync.web.layout import layout
     for workers in (4, 8, 64) if name in ("ring", "ethernet") else (None,):
         topo = preset(name, workers) if workers else preset(name)

@@ -3,17 +3,17 @@
 >>> import numpy as np, gradsync
 >>> gradsync.emulate("tree", [np.ones(3), np.ones(3)])[0].tolist()
 [2.0, 2.0, 2.0]
->>> from gradsync.topology import preset
+>>> from gradsync.model.topology import preset
 >>> round(gradsync.simulate(gradsync.schedule("ring", 4, 1000), preset("pcie-switch-4")).time * 1e6, 1)
 12.4
 """
 
 from .algorithms import REGISTRY as ALGORITHMS
 from .algorithms import build as schedule
-from .emulate import emulate
+from .core.emulate import emulate
 from .errors import ConfigError, GradsyncError, MismatchError, NonFiniteError, PeerError, ScheduleError, TopologyError
-from .schedule import Schedule, verify
-from .simulate import simulate   # the function; its module stays importable as gradsync.simulate
+from .core.schedule import Schedule, verify
+from .model.simulate import simulate   # the function; its module is gradsync.model.simulate
 
 __all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "NonFiniteError", "PeerError", "Schedule",
            "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "simulate", "verify"]

@@ -10,11 +10,11 @@ import click
 import numpy as np
 
 from . import algorithms
-from .cost import default_options, net_for, predict, uniform
+from .model.cost import default_options, net_for, predict, uniform
 from .errors import ConfigError, GradsyncError
-from .simulate import simulate
-from .topology import PRESETS, resolve
-from .tune import table
+from .model.simulate import simulate
+from .model.topology import PRESETS, resolve
+from .model.tune import table
 from .units import format_size, format_time, parse_bandwidth, parse_size
 
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -117,7 +117,7 @@ def _steps(total, label):
     """A progress bar on stderr when it is a terminal, else a no-op: ``step = _steps(3, "compare")``."""
     if not sys.stderr.isatty():
         return lambda description: None
-    from .progress import bar
+    from .tools.progress_bar import bar
     return bar(total, label)
 
 
@@ -208,7 +208,7 @@ def _codecs(codecs) -> list[str]:
 def _codec_rows(codecs, topo, n, elements, over="ring") -> list[dict]:
     """Predicted time (simulated wire plus measured codec compute) and one-step error of each
     codec over the ``over`` schedule, for compare and tune."""
-    from .compression.predict import one_step_error, predict as predict_codec
+    from .tools.codec_predict import one_step_error, predict as predict_codec
     rows = []
     for c in codecs:
         p = predict_codec(c, over, topo, elements, n, default_options(over, topo, n))
@@ -340,7 +340,7 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
     step(f"{algorithm} on {n} workers")
     schedule = algorithms.build(algorithm, n, elements, dtype=dtype, **options)
     if trace_path:
-        from .trace import check_size
+        from .tools.trace_files import check_size
         check_size(schedule)          # before a long simulation
     result = simulate(schedule, topo, itemsize)
     step(None)
@@ -356,7 +356,7 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
         except OSError as exc:
             raise click.BadParameter(f"cannot write {out!r}: {exc.strerror}", param_hint="'--out'")
     if trace_path:
-        from .trace import from_simulation
+        from .tools.trace_files import from_simulation
         _write_json(from_simulation(result), trace_path, "--trace")
 
     def render(s):
@@ -414,7 +414,7 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, plot, codecs, 
     out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows, "codec_errors": errors,
            "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
     if plot:
-        from .plots import tune_plot
+        from .tools.plots import tune_plot
         tune_plot(rows, out["crossovers"], plot, f"{topo.name}, {len(topo.workers)} workers, {dtype}: predicted time")
 
     def render(o):
@@ -449,7 +449,7 @@ def tune(topology, workers, dtype, min_size, max_size, max_error, plot, codecs, 
 def explain_cmd(topology, size, workers, dtype, names, max_error, measured, fmt):
     """Why auto picks what it picks: every candidate's predicted time split into latency, bandwidth,
     reduction and codec terms, its bottleneck link, the winner and its margin."""
-    from .explain import explain
+    from .model.explain import explain
 
     topo = _topology(topology, workers, TUNED)
     if max_error is not None and len(topo.workers) > CERAR_TUNED[0]:
@@ -584,8 +584,8 @@ def _sizes(sizes, min_size, max_size, dtype, most=4 << 30):
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, hostfile, transport, timeout,
           topology, link_bandwidth, trace_path, flight_dir, plot, codec, fmt):
     """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
-    from .runtime import bench as bench_mod
-    from .runtime.launch import run
+    from .tools import bench as bench_mod
+    from .tools.launch import run
 
     _png(plot)
     if hostfile and backend != "mpi" and transport != "mpi":
@@ -625,7 +625,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     byte_sizes = _sizes(sizes, min_size, max_size, dtype)
     topo = _predictor(topology, chosen, options, dtype, workers)
     args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
-    from .runtime.launch import launched
+    from .tools.launch import launched
     if backend == "mpi" and "OMPI_COMM_WORLD_RANK" in os.environ:     # inside an mpirun (or its allocation)
         if hostfile or link_bandwidth:
             raise click.UsageError("under mpirun, bench --backend mpi runs on mpirun's ranks: drop --hostfile "
@@ -640,7 +640,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         rows = _bench_mpi(workers, args, timeout, link_bandwidth, hostfile)
         where = f"{workers} MPI ranks (mpirun, hosts from {hostfile})" if hostfile else f"{workers} local MPI ranks (mpirun)"
     elif launched() is not None:          # started by torchrun (mpirun, srun): be one rank of that job
-        from .runtime.launch import as_launched
+        from .tools.launch import as_launched
         rows, _, workers = as_launched(bench_mod.worker, *args, engine, timeout=timeout * 4 + 600)
         if rows is None:
             return
@@ -651,7 +651,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                           network=network)
         rows = results[0]
         if trace_path:
-            from .trace import merge
+            from .tools.trace_files import merge
             rows = results[0]["rows"]
             _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
         where = (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
@@ -667,14 +667,14 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
                 r["link_limit_GBps"] = limit / 1e9
                 r["busbw_of_limit"] = r["busbw_GBps"] * 1e9 / limit
     if topo is None and link_bandwidth and "RANK" not in os.environ:    # the emulated switch, as a topology
-        from .topology import preset
+        from .model.topology import preset
         topo = preset("ethernet", workers=workers, nic=link_bandwidth, latency="50us")
     if topo is not None:
         for r in rows:
             name = "ring" if r["algorithm"] == bench_mod.NATIVE else r["algorithm"]
             opts = {**default_options(name, topo, workers), **options.get(name, {})}
             if opts.pop("compression", None) is not None and r["algorithm"] != bench_mod.NATIVE:
-                from .compression.predict import predict as predict_codec
+                from .tools.codec_predict import predict as predict_codec
                 r["predicted_s"] = predict_codec(codec, name, topo, r["count"], workers, opts)["time_s"]
             else:
                 sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
@@ -685,7 +685,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
             if r["algorithm"] != bench_mod.NATIVE:
                 r["algorithm"], r["compression"] = f"{r['algorithm']}+{codec}", codec
     if plot:
-        from .plots import bench_plot
+        from .tools.plots import bench_plot
         bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
 
     def render(rows):
@@ -730,7 +730,7 @@ def _links(workers, bandwidth, latency=None):
 
     if bandwidth is None and latency is None:
         return contextlib.nullcontext(None)
-    from .runtime.links import SlowLinks
+    from .tools.links import SlowLinks
 
     if bandwidth is None:
         raise click.BadParameter("--link-latency needs --link-bandwidth too", param_hint="'--link-latency'")
@@ -754,7 +754,7 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
                           "options": options, "external": algorithms.external()})
     where = ["--hostfile", hostfile, "--mca", "btl", "self,vader,tcp"] if hostfile else ["--mca", "btl", "self,vader"]
     cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", *where,
-           sys.executable, "-m", "gradsync.runtime.bench", payload]
+           sys.executable, "-m", "gradsync.tools.bench", payload]
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout * 4 + 600)
     if out.returncode != 0:
@@ -777,8 +777,8 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
 def calibrate(workers, out, repeats, launches, link_bandwidth, fmt):
     """Measure latency, bandwidth and compute between local workers (or, under torchrun, mpirun
     or srun, between the job's ranks: inside and between machines apart); write a topology file."""
-    from .runtime import calibrate as cal
-    from .runtime.launch import launched
+    from .tools import calibrate as cal
+    from .tools.launch import launched
 
     if not out.endswith((".json", ".yaml", ".yml")):
         raise click.BadParameter(f"must end in .json, .yaml or .yml, got {out!r}", param_hint="'--out'")
@@ -976,7 +976,7 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     if codec is not None and elastic:
         raise click.UsageError("--compression does not combine with --elastic yet")
     if elastic:
-        from .runtime.launch import launched
+        from .tools.launch import launched
         if launched() is not None:
             raise click.UsageError("--elastic starts torchrun's agents itself; under a launcher, run "
                                    "'torchrun ... -m gradsync.training.elastic DIR' (docs/multinode.md)")
@@ -986,7 +986,7 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     if algorithm != "auto" and not algorithms.get(algorithm).exact:   # refuse a design too inaccurate here,
         algorithms.build(algorithm, workers, 1, dtype="float32", **cfg.options())   # not in every worker
     progress = fmt == "table" and sys.stderr.isatty()
-    from .runtime.launch import launched
+    from .tools.launch import launched
     job = launched()
     if job is not None:                   # started by torchrun (mpirun, srun): one job, on every machine it spans
         if link_bandwidth or link_latency or plot or trace_path:
@@ -1076,7 +1076,7 @@ def _train_elastic(workers, cfg, min_workers, kill_every, unsupported, fmt):
 def doctor(directory, fmt):
     """Read every rank's flight record in DIRECTORY (GRADSYNC_FLIGHT_DIR) and say in one paragraph
     what happened: who stopped first, the collective in flight, where each rank was."""
-    from .doctor import diagnose, read
+    from .tools.doctor import diagnose, read
 
     out = diagnose(read(directory))
     _emit(fmt, out, lambda o: click.echo(o["paragraph"]))
@@ -1095,7 +1095,7 @@ def trace_compare(measured, simulated, fmt):
     """Per round, measured time (median over ranks and calls) against the simulator's, and where
     the gap is largest. MEASURED: a bench --trace file; SIMULATED: a simulate --trace file of the
     same algorithm and size (with a calibrated topology, to compare with this machine)."""
-    from .trace import compare, load
+    from .tools.trace_files import compare, load
 
     out = compare(load(measured), load(simulated))
 
@@ -1119,7 +1119,7 @@ def trace_compare(measured, simulated, fmt):
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="The merged trace to write.")
 def trace_merge(traces, out):
     """Join the ranks' trace files (Trace.save on each rank) into one."""
-    from .trace import load, merge
+    from .tools.trace_files import load, merge
 
     _writable(out, "--out")
     _write_json(merge([load(t) for t in traces]), out, "--out")
@@ -1130,7 +1130,7 @@ def trace_merge(traces, out):
 @format_option
 def list_cmd(fmt):
     """List the registered algorithms (exact or not, dtypes, options and defaults) and the topology presets."""
-    from .topology.presets import PARAMETRIC, preset
+    from .model.topology.presets import PARAMETRIC, preset
 
     specs = [algorithms.get(a) for a in algorithms.names()]
     out = {"algorithms": [{"name": s.name, "exact": s.exact, "dtypes": list(s.dtypes) if s.dtypes else None,

@@ -17,7 +17,7 @@ several rounds of the ring."""
 
 import numpy as np
 
-from ..schedule import COPY, REDUCE, Schedule, transfers
+from ..core.schedule import COPY, REDUCE, Schedule, transfers
 from ._common import Net, check_size, check_worker
 
 

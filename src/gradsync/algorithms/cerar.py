@@ -33,7 +33,7 @@ import numpy as np
 
 from ..coding import cerar as codec
 from ..errors import ConfigError
-from ..schedule import CODED, COMPUTE_DTYPE, Schedule, transfers
+from ..core.schedule import CODED, COMPUTE_DTYPE, Schedule, transfers
 from ._common import Net, check_size
 
 

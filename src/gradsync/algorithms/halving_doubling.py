@@ -23,7 +23,7 @@ paths (a switch); on a physical ring its long-distance partners share links."""
 
 import numpy as np
 
-from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
+from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 
 

@@ -27,7 +27,7 @@ Cost (rails sharing one network link per machine): 2 (L - 1) (alpha_l + n/L beta
 import numpy as np
 
 from ..errors import ConfigError
-from ..schedule import COPY, REDUCE, Schedule, chunk_bounds
+from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds
 from . import halving_doubling, ring
 from ._common import Net, check_size
 

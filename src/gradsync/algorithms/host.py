@@ -17,7 +17,7 @@ first implementations take, and the view shows why it is slow."""
 
 import numpy as np
 
-from ..schedule import COPY, REDUCE, Schedule, transfers
+from ..core.schedule import COPY, REDUCE, Schedule, transfers
 from ._common import Net, check_size
 
 HOST = "host"

@@ -27,7 +27,7 @@ its 2 (N - 1) latencies make it lose on small messages at large N."""
 import numpy as np
 
 from ..errors import ConfigError
-from ..schedule import COPY, REDUCE, TRANSFER_DTYPE, Schedule, chunk_bounds, transfers
+from ..core.schedule import COPY, REDUCE, TRANSFER_DTYPE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 
 

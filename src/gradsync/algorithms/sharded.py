@@ -18,7 +18,7 @@ switch at small N; at large N its N - 1 simultaneous senders per owner overload 
 
 import numpy as np
 
-from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
+from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 
 

@@ -24,7 +24,7 @@ medium messages at large N, where the ring's 2 (N - 1) latencies dominate."""
 import numpy as np
 
 from ..errors import ConfigError
-from ..schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
+from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 
 SEGMENT_ELEMENTS = 1 << 18   # 1 MiB of float32: enough to pipeline, few enough rounds

@@ -1,8 +1,6 @@
-"""Real execution of gradsync schedules between processes (torch.distributed)."""
+"""Real execution of gradsync schedules between processes: the all-reduce, its collective and
+progress engine, agreement, traces, the flight recorder and the transports under them."""
 
 from .api import all_reduce
-from .bucketing import all_reduce_coalesced
-from .kvstore import KVStore
-from .launch import run
 
-__all__ = ["KVStore", "all_reduce", "all_reduce_coalesced", "run"]
+__all__ = ["all_reduce"]

@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from .. import algorithms
 from ..errors import ConfigError, NonFiniteError
-from ..plan import Plan, compile_plan
-from ..schedule import CODED, COPY, REDUCE, Schedule
+from ..core.plan import Plan, compile_plan
+from ..core.schedule import CODED, COPY, REDUCE, Schedule
 from .agree import Agreement, digest, seen_before
-from .hosts import local_size
+from .transport.hosts import local_size
 from .collective import Collective, node_buffers
 from .transport import for_group
 
@@ -72,8 +72,8 @@ def pick(tensor: torch.Tensor, workers: int) -> tuple[str, dict]:
 
 @lru_cache(maxsize=1024)
 def _pick(path: str, stamp: int, workers: int, nbytes: int, itemsize: int, dtype: str) -> tuple[str, dict]:
-    from ..topology import preset, resolve
-    from ..tune import choose
+    from ..model.topology import preset, resolve
+    from ..model.tune import choose
 
     topology = resolve(path, workers) if path else preset("ethernet", workers=workers)
     picked = choose(topology, nbytes, itemsize, dtype=dtype, quick=True)
@@ -144,7 +144,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     timeout = check_call(tensor, op, timeout)
     if not dist.is_initialized():
         raise ConfigError("torch.distributed is not initialized: call dist.init_process_group first "
-                          "(or use gradsync.runtime.launch)")
+                          "(or use gradsync.tools.launch)")
     if stall_warning is not None and not (isinstance(stall_warning, (int, float)) and 0 < stall_warning):
         raise ConfigError(f"stall_warning must be a positive number of seconds, got {stall_warning!r}")
     deadline = time.monotonic() + timeout

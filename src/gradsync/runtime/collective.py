@@ -8,7 +8,7 @@ caller's own thread instead, saving the hand-over. As with torch.distributed, ev
 its collectives in the same order, from one thread: two threads of a rank starting collectives
 at once could run them at the same time, and equal descriptions post equal tags.
 
-The plan (``gradsync.plan``) says what to post and when; this module only follows it: post
+The plan (``gradsync.core.plan``) says what to post and when; this module only follows it: post
 a step's sends and the receives it allows, and before that apply, in plan order, the
 received pieces the sends read (add from scratch for REDUCE, copy for COPY, nothing for a
 COPY that landed in place). Coded transfers (CERAR) take their packets from the codec and
@@ -23,8 +23,8 @@ from collections import OrderedDict
 
 import torch
 
-from ..plan import HOST_RANK, Plan
-from ..schedule import CODED, REDUCE, Schedule
+from ..core.plan import HOST_RANK, Plan
+from ..core.schedule import CODED, REDUCE, Schedule
 from .agree import Agreement
 from .flight import RECORDER
 from .tracing import now_ns

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ..algorithms import ring
-from ..plan import compile_plan
-from ..schedule import COPY, Schedule, complete_segments
+from ..core.plan import compile_plan
+from ..core.schedule import COPY, Schedule, complete_segments
 from .collective import Collective, node_buffers, start
 
 
@@ -61,7 +61,7 @@ class TransportExchange:
         self.workers, self.rank = transport.size, transport.rank
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        from .api import prepare            # api imports this module for all_reduce(compression=...)
+        from .api import prepare   # api imports this module for all_reduce(compression=...)
         return prepare(tensor, self.algorithm, "sum", self.transport, self.deadline, self.check,
                        False, self.options, self.trace).start(inline=True).wait()
 

@@ -9,13 +9,13 @@ monotonic clock from rank 0's by ping-pong through the collective's transport (t
 least round-trip time out of ``SYNC_ROUNDS``, Cristian's method), and every event of the trace
 is shifted onto rank 0's clock, with time 0 where the first rank started its first traced
 collective. The ranks'
-``to_dict()`` outputs then merge into one file (``gradsync.trace.merge``).
+``to_dict()`` outputs then merge into one file (``gradsync.tools.trace_files.merge``).
 
 Example, in each rank::
 
     t = Trace()
     gradsync.all_reduce(grad, algorithm="ring", trace=t)
-    t.save(f"rank{dist.get_rank()}.json")      # gradsync.trace.merge joins the ranks' files
+    t.save(f"rank{dist.get_rank()}.json")      # gradsync.tools.trace_files.merge joins the ranks' files
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from .. import trace as fmt
+from ..core import trace_events as fmt
 from .transport.distributed import GATHER_TAG
 
 SYNC_TAG = GATHER_TAG + 8       # inside the 16 tags the transports keep for their own exchanges

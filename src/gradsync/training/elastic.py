@@ -43,7 +43,7 @@ from torch.nn.utils import parameters_to_vector
 
 from .. import algorithms
 from ..errors import ConfigError, GradsyncError
-from ..runtime.launch import LOOPBACK, rendezvous_store
+from ..tools.launch import LOOPBACK, rendezvous_store
 from . import data, models
 from .train import SyncMeter, TrainConfig
 

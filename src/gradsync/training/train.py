@@ -21,9 +21,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from .. import algorithms
 from ..errors import ConfigError, NonFiniteError
 from ..runtime import api
-from ..progress import bar as progress_bar
-from ..runtime.launch import as_launched, launched, run
-from ..torch import comm_hook
+from ..tools.progress_bar import bar as progress_bar
+from ..tools.launch import as_launched, launched, run
+from ..integrations.ddp import comm_hook
 from . import data, models
 
 
@@ -69,7 +69,7 @@ class TrainConfig:
 
 
 class SyncMeter:
-    """Wraps gradsync's public DDP hook (``gradsync.torch.comm_hook``) and measures, since the
+    """Wraps gradsync's public DDP hook (``gradsync.integrations.ddp.comm_hook``) and measures, since the
     last ``reset``, each bucket's synchronization: the time from starting its all-reduce to its
     completion (overlapping backward, so these add up to more than the step's wall time can
     show), the bytes this worker sends (counted from the schedule), and for approximate
@@ -123,7 +123,7 @@ class SyncMeter:
         if self.cfg.compression is None:
             schedule = api.compiled(algorithm, self.workers, elements, dtype, api.frozen(options), self.rank).schedule
             return int(schedule.elements_sent()[self.rank]) * itemsize
-        from ..compression.predict import ITEMSIZE, wire_schedules
+        from ..tools.codec_predict import ITEMSIZE, wire_schedules
         return sum(int(s.elements_sent()[self.rank]) * ITEMSIZE[d]
                    for s, d in wire_schedules(self.cfg.compression, algorithm, self.workers, elements, options))
 
@@ -208,7 +208,7 @@ def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None, 
     (with ``trace``, also the ranks' Chrome traces merged, under "trace"). Started by torchrun
     (or mpirun, srun), train as this rank of that job instead, on however many machines it
     spans: the history is rank 0's, None on the others, and ``workers`` is the job's size."""
-    from ..trace import merge
+    from ..tools.trace_files import merge
 
     if launched() is not None:        # one rank of a job torchrun (or mpirun, srun) started, maybe on many machines
         result, rank, workers = as_launched(worker, cfg, progress, False, timeout=cfg.timeout * 10 + 600)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..topology import Topology
+from ..model.topology import Topology
 
 
 def _circle(count: int, radius: float, start: float = -math.pi / 2, span: float = 2 * math.pi,
@@ -93,7 +93,7 @@ BENDS = {"p3.16xlarge": {("gpu0", "gpu4"): -0.28, ("gpu2", "gpu6"): 0.28}}   # a
 def layout(preset: str, topo: Topology) -> tuple[list[tuple[float, float]], list[float]]:
     """Node positions (in ``topo.nodes`` order) and each link's bend, for the preset's drawing.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> pos, bends = layout("pcie-switch-4", preset("pcie-switch-4"))
     >>> [tuple(round(v, 2) for v in p) for p in pos][-2:]       # the CPU on top, the switch in the middle
     [(0.5, 0.08), (0.5, 0.5)]

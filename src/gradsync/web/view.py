@@ -16,13 +16,13 @@ from functools import lru_cache
 import numpy as np
 
 from .. import algorithms
-from ..cost import default_options, predict
+from ..model.cost import default_options, predict
 from ..errors import ConfigError
-from ..narrate import narrate
-from ..schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
-from ..simulate import SimResult, simulate
-from ..topology import Link, Topology, preset
-from ..topology.presets import pcie_switch
+from ..core.narrate import narrate
+from ..core.schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
+from ..model.simulate import SimResult, simulate
+from ..model.topology import Link, Topology, preset
+from ..model.topology.presets import pcie_switch
 from ..units import parse_bandwidth, parse_size, parse_time
 from .layout import layout
 
@@ -191,7 +191,7 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
     schedule over a buffer that lays their payloads end to end (so each keeps its own chunks),
     with the bytes per element they share; and the codec's label."""
     from ..compression import make
-    from ..compression.predict import ITEMSIZE, wire_schedules
+    from ..tools.codec_predict import ITEMSIZE, wire_schedules
 
     codec = make(compression)
     options = _options(algorithm, topo, n, nbytes, components, eps)

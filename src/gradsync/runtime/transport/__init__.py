@@ -66,7 +66,7 @@ def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0,
     Example, in each rank: ``for_group("auto")`` is a ``ShmTransport`` when all run on one host.
     """
     if name not in CHOICES:
-        hint = " (MPI runs through gradsync.runtime.mpi.all_reduce under mpirun)" if name == "mpi" else ""
+        hint = " (MPI runs through gradsync.integrations.mpi.all_reduce under mpirun)" if name == "mpi" else ""
         raise ConfigError(f"transport must be one of {', '.join(CHOICES)}, got {name!r}{hint}")
     if name == "shm" and (device != "cpu" or stall_warning):
         raise ConfigError(f"transport 'shm' takes CPU tensors without stall_warning, got a {device} tensor"
@@ -74,7 +74,7 @@ def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0,
     if name == "shm":
         return ShmTransport(group, shared=shared_group(group, timeout))
     if name == "auto" and device == "cpu" and not stall_warning and _gloo(group):
-        from ..hosts import host_map
+        from .hosts import host_map
 
         kind = auto_kind(host_map(group, timeout))
         if kind == "shm":
@@ -90,7 +90,7 @@ def auto_kind(found) -> str:
     """What "auto" runs a group whose ranks are placed as ``found`` (a ``hosts.HostMap``) on:
     "shm" (one host), "mixed" (several, some with two ranks or more) or "gloo" (one rank each).
 
-    >>> from gradsync.runtime.hosts import HostMap
+    >>> from gradsync.runtime.transport.hosts import HostMap
     >>> [auto_kind(HostMap(h, ("a", "b")[:max(h) + 1])) for h in [(0, 0), (0, 0, 1), (0, 1)]]
     ['shm', 'mixed', 'gloo']
     """

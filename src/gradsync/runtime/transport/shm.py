@@ -661,7 +661,7 @@ def host_group(group=None, timeout: float = 60.0) -> SharedGroup | str:
 def _cached(group, whole: bool, timeout: float) -> SharedGroup | str:
     import torch.distributed as dist
 
-    from ..hosts import host_map
+    from .hosts import host_map
     from .distributed import group_name
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from .. import algorithms
-from ..simulate import simulate
-from . import make
+from ..model.simulate import simulate
+from ..compression import make
 
 RATE_ELEMENTS = 1 << 18
 OVERHEAD_ELEMENTS = 64          # small enough that the wire and the codec's compute vanish
@@ -117,7 +117,7 @@ def measure_overhead(repeats: int = 20) -> dict:
     import torch.distributed as dist
 
     from ..runtime.api import all_reduce
-    from ..runtime.bench import time_in_blocks
+    from .bench import time_in_blocks
 
     workers = dist.get_world_size()
     x = torch.ones(OVERHEAD_ELEMENTS)
@@ -152,7 +152,7 @@ def collective_overhead(workers: int, repeats: int = 20) -> dict:
 
     Example: ``collective_overhead(4)`` gives ``{"per_collective_s": ..., "per_round_s": ...}``.
     """
-    from ..runtime.launch import run
+    from .launch import run
 
     return run(_overhead_worker, workers, repeats)[0]
 
@@ -179,7 +179,7 @@ def predict(compression, algorithm: str, topology, elements: int, workers: int |
     worker sends. ``key``: the bucket whose layout a ``Codec`` given as ``compression``
     was told (``Codec.layout``).
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> p = predict("fp16", "ring", preset("ethernet", workers=4), 1 << 20, rate=1e9)
     >>> p["bytes"] == 2 * 3 / 4 * (1 << 20) * 2
     True

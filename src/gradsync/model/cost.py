@@ -9,8 +9,8 @@ simulator is the reference.
 
 from __future__ import annotations
 
-from . import algorithms
-from .algorithms._common import Net
+from .. import algorithms
+from ..algorithms._common import Net
 from .topology import Topology
 
 
@@ -36,7 +36,7 @@ def uniform(topology: Topology, workers: int) -> bool:
     """Whether every pair of the first ``workers`` workers sees the same route latency and
     bandwidth as workers 0 and 1 (one switch): there the closed forms match the simulator.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> uniform(preset("ethernet", workers=8), 8), uniform(preset("lowbw-cluster"), 8)
     (True, False)
     """
@@ -51,7 +51,7 @@ def uniform(topology: Topology, workers: int) -> bool:
 def net_for(topology: Topology, workers: int, options: dict | None = None) -> Net:
     """Alpha-beta-gamma parameters of ``topology`` for the first ``workers`` workers.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> net_for(preset("pcie-switch-4"), 4).beta * 16e9
     1.0
     """
@@ -89,7 +89,7 @@ def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, ite
             **options) -> float:
     """Closed-form time of ``algorithm`` all-reducing ``nbytes`` over ``workers`` workers.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> round(predict("sharded", preset("pcie-switch-4"), 4, 160e6), 4)
     0.015
     """
@@ -112,7 +112,7 @@ def terms(algorithm: str, topology: Topology, workers: int, nbytes: float, items
     the slowest of several paths (several rings of different speeds) does not split exactly,
     and ``overlap`` (closed form minus the terms) says by how much.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> t = terms("ring", preset("ethernet", 4), 4, 4e6)
     >>> round(t["latency"] * 1e6), round(t["latency"] + t["bandwidth"] + t["reduction"] + t["codec"], 9) == round(t["closed_form"], 9)
     (120, True)

@@ -7,7 +7,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..errors import ConfigError
-from .api import all_reduce
+from ..runtime.api import all_reduce
 
 DEFAULT_BUCKET_BYTES = 25 << 20   # DDP's default
 

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import ScheduleError
+from ..errors import ScheduleError
 
 REDUCE, COPY, CODED = 0, 1, 2
 OP_NAMES = ("reduce", "copy", "coded")
@@ -199,7 +199,7 @@ def verify(schedule: Schedule) -> None:
         _fail(f"endpoints must be distinct nodes in 0..{s.nodes - 1}, segments inside "
               f"0..{s.elements}, CODED only with a codec", t[np.argmax(bad)])
     if s.codec is not None:
-        from . import coding
+        from .. import coding
         coding.verify(s)
         return
     _check_write_conflicts(t)

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from .api import all_reduce
+from ..runtime.api import all_reduce
 from .bench import time_in_blocks
 
 LARGE_BYTES = 32 << 20
@@ -74,7 +74,7 @@ def codec_madd_rate(rank: int, workers: int, repeats: int, elements: int = CODEC
     True
     """
     from ..coding import cerar
-    from .api import compiled
+    from ..runtime.api import compiled
 
     c = compiled("cerar", max(workers, 2), elements, "float32", "{}", rank % max(workers, 2))
     schedule, design = c.schedule, c.design
@@ -370,8 +370,8 @@ def runtime_node(ring: dict, raw: dict) -> dict:
 def ring_check(result: dict) -> dict:
     """The written topology's simulated ring against the ring times measured at the fit sizes."""
     from .. import algorithms
-    from ..simulate import simulate
-    from ..topology import from_dict
+    from ..model.simulate import simulate
+    from ..model.topology import from_dict
 
     topo = from_dict(topology_dict(result))
     n = result["workers"]
@@ -501,7 +501,7 @@ def calibrate_launched(repeats: int = 10) -> dict | None:
 
 
 def _calibrate_job(rank: int, world: int, repeats: int) -> dict | None:
-    from .hosts import local_size
+    from ..runtime.transport.hosts import local_size
 
     local = local_size(world)
     if 1 < local < world:

@@ -14,8 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..progress import bar as progress_bar
-from .api import all_reduce
+from .progress_bar import bar as progress_bar
+from ..runtime.api import all_reduce
 
 NATIVE = "native"
 BLOCK = 5          # timed calls in a row per algorithm
@@ -79,15 +79,15 @@ class TorchEngine:
         """(algorithm, transport) rows beside the chosen ones (every rank together)."""
         if not self.shared_rows or self.transport != "gloo":
             return []
-        from .hosts import host_map
-        from .transport import auto_kind
+        from ..runtime.transport.hosts import host_map
+        from ..runtime.transport import auto_kind
 
         kind = auto_kind(host_map())
         return [("ring", "shm")] if kind == "shm" else [("hierarchical", "mixed")] if kind == "mixed" else []
 
     def transport_used(self) -> str:
         """What gradsync's rows run over: "auto" resolved (every rank together)."""
-        from .transport import MixedTransport, ShmTransport, for_group
+        from ..runtime.transport import MixedTransport, ShmTransport, for_group
 
         if self.transport != "auto":
             return self.transport
@@ -135,7 +135,7 @@ class MpiEngine:
         return lambda: self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
 
     def ours(self, name, buf, timeout, opts, transport=None):
-        from .mpi import all_reduce as mpi_all_reduce
+        from ..integrations.mpi import all_reduce as mpi_all_reduce
         return lambda: mpi_all_reduce(buf, algorithm=name, comm=self.comm, timeout=timeout, **opts)
 
 
@@ -148,7 +148,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     engine = engine or TorchEngine()
     tracer = None
     if trace:
-        from .tracing import Trace
+        from ..runtime.tracing import Trace
         tracer = Trace()
     transport = engine.transport_used()
     extra = engine.extra_rows()
@@ -190,7 +190,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
 
 
 def mpi_main(argv=None) -> None:
-    """Entry point under mpirun: ``mpirun -np N python -m gradsync.runtime.bench '<json args>'``;
+    """Entry point under mpirun: ``mpirun -np N python -m gradsync.tools.bench '<json args>'``;
     rank 0 prints the rows as JSON on stdout."""
     import json
 

@@ -17,7 +17,7 @@ The loop advances from one event time to the next, handling every event at that 
 once with numpy, so a ring of 1024 workers is a few thousand steps, not millions.
 
 >>> from gradsync.algorithms import central
->>> from gradsync.topology import preset
+>>> from gradsync.model.topology import preset
 >>> round(simulate(central.schedule(4, 40_000_000), preset("pcie-switch-4")).time, 4)
 0.06
 """
@@ -31,8 +31,8 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import ConfigError
-from .schedule import COPY, Schedule
+from ..errors import ConfigError
+from ..core.schedule import COPY, Schedule
 from .topology import Topology
 
 _TOL = 1e-12
@@ -205,7 +205,7 @@ def simulate(schedule: Schedule, topology: Topology, itemsize: int = 4, symmetry
     that moves nothing (one worker, or zero elements) takes no time:
 
     >>> from gradsync.algorithms import ring
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> simulate(ring.schedule(1, 100), preset("ethernet", 1)).time
     0.0
     """

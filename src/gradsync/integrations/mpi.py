@@ -6,7 +6,7 @@ The plan and the collective are the same as on torch.distributed; only the trans
 job when a process dies, so a dead peer ends the job rather than raising PeerError.
 
 Run a script with it: ``mpirun -np 4 python train.py`` where the script calls
-``gradsync.runtime.mpi.all_reduce(tensor, algorithm="ring")``.
+``gradsync.integrations.mpi.all_reduce(tensor, algorithm="ring")``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import time
 import torch
 
 from ..errors import ConfigError
-from .api import check_call, run_all_reduce
-from .transport.mpi import MpiTransport
+from ..runtime.api import check_call, run_all_reduce
+from ..runtime.transport.mpi import MpiTransport
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", comm=None,
@@ -29,7 +29,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", c
     Example, under ``mpirun -np 4 python script.py``::
 
         grad = torch.ones(1000)
-        gradsync.runtime.mpi.all_reduce(grad, algorithm="ring")
+        gradsync.integrations.mpi.all_reduce(grad, algorithm="ring")
     """
     timeout = check_call(tensor, op, timeout)
     if tensor.device.type != "cpu":

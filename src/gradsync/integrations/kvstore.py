@@ -17,11 +17,11 @@ import torch
 
 from .. import algorithms
 from ..errors import ConfigError
-from ..schedule import COPY, REDUCE, Schedule, complete_segments
-from .agree import agree
-from .api import DEFAULT_TIMEOUT, compiled
-from .collective import Collective, node_buffers
-from .transport import DistributedTransport
+from ..core.schedule import COPY, REDUCE, Schedule, complete_segments
+from ..runtime.agree import agree
+from ..runtime.api import DEFAULT_TIMEOUT, compiled
+from ..runtime.collective import Collective, node_buffers
+from ..runtime.transport import DistributedTransport
 
 
 @dataclass

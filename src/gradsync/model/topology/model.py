@@ -18,7 +18,7 @@ from functools import cached_property
 import networkx as nx
 import numpy as np
 
-from ..errors import TopologyError
+from ...errors import TopologyError
 
 NODE_KINDS = ("gpu", "cpu", "host", "switch", "nic")
 _ROUTE_PROBE_BYTES = 1e6
@@ -59,7 +59,7 @@ class Topology:
     aggregation runs on; ``rings`` optional ring orders (worker indices) that use the links
     best, with ``ring_weights`` (their bandwidths) for splitting data between them.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> t = preset("pcie-switch-4")
     >>> [t.nodes[i].name for i in t.route_nodes("gpu0", "gpu1")]
     ['gpu0', 'switch', 'gpu1']
@@ -138,7 +138,7 @@ class Topology:
         of links (the network between machines) is removed, if they split the first
         ``workers`` workers into equal runs of consecutive ranks; else ``workers`` (one machine).
 
-        >>> from gradsync.topology import preset
+        >>> from gradsync.model.topology import preset
         >>> preset("lowbw-cluster").machine_size(), preset("p3.16xlarge").machine_size()
         (4, 8)
         """

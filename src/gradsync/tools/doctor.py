@@ -22,8 +22,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from .errors import ConfigError
-from .units import format_size
+from ..errors import ConfigError
+from ..units import format_size
 
 
 def read(directory) -> list[dict]:

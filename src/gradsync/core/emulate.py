@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import algorithms, coding
-from .errors import ConfigError
+from .. import algorithms, coding
+from ..errors import ConfigError
 from .schedule import COPY, Schedule
 
 OPS = ("sum", "avg")

@@ -23,8 +23,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from ..errors import PeerError
-from .launch import launcher_local_size
+from ...errors import PeerError
 
 OVERRIDE = "GRADSYNC_HOST"
 IDENTITY_BYTES = 96             # 32 hex digits of digest, a space, the host name (cut, padded)
@@ -136,7 +135,7 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
     """
     import torch.distributed as dist
 
-    from .transport.distributed import group_name
+    from .distributed import group_name
 
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     with _MAPS_LOCK:
@@ -166,13 +165,25 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
     return found
 
 
+def launcher_local_size(workers: int) -> int | None:
+    """Workers per machine as the launch says it: GRADSYNC_LOCAL_SIZE, else the launcher's
+    variable (torchrun's and gradsync's own LOCAL_WORLD_SIZE, Open MPI's, Slurm's), if it
+    divides ``workers``; None when none does (``local_size`` then asks the group).
+    Example: with ``LOCAL_WORLD_SIZE=2`` in the environment, ``launcher_local_size(8)`` is 2."""
+    for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(key, "").split("(")[0]              # srun writes e.g. 2(x3)
+        if value.isdigit() and int(value) >= 1 and workers % int(value) == 0:
+            return int(value)
+    return None
+
+
 _warned: set = set()          # reasons already logged (this module's; at most _WARNED_LIMIT kept)
 _WARNED_LIMIT = 64
 
 
 def local_size(workers: int, group=None, timeout: float = 60.0) -> int:
     """Ranks per machine for algorithms that group by machine: what the launcher says
-    (``launch.launcher_local_size``), else learned from the group (``host_map``). Ranks not
+    (``launcher_local_size``), else learned from the group (``host_map``). Ranks not
     placed in consecutive equal blocks per host count as one machine each (a warning says
     why). ``group=False``: no group to ask (MPI, threads): one machine.
 

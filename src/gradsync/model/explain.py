@@ -8,7 +8,7 @@ bottleneck), and, when bench rows are given (``bench --format json``), the measu
 the same algorithm and size. The winner is the least predicted time; the margin is how much
 slower the next best is predicted to be.
 
->>> from gradsync.topology import preset
+>>> from gradsync.model.topology import preset
 >>> out = explain(preset("ethernet", 4), 4_000_000, candidates=["ring", "central"])
 >>> out["winner"], out["runner_up"], out["margin"] > 0
 ('ring', 'central', True)
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import algorithms
+from .. import algorithms
 from .cost import TERMS, default_options, terms
-from .errors import ConfigError
+from ..errors import ConfigError
 from .simulate import simulate
 from .topology import Topology
 from .tune import SIMULATE_UP_TO, Candidate, default_candidates, predicted_time

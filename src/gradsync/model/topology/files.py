@@ -21,8 +21,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ConfigError, TopologyError
-from ..units import parse_bandwidth, parse_time
+from ...errors import ConfigError, TopologyError
+from ...units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
 
 MAX_FILE_BYTES = 16 << 20

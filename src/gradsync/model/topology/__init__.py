@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ..errors import TopologyError
+from ...errors import TopologyError
 from .files import from_dict, load, loads
 from .model import Link, Node, Topology
 from .presets import PRESETS, preset

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import inspect
 
-from ..errors import TopologyError
-from ..units import parse_bandwidth, parse_time
+from ...errors import TopologyError
+from ...units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
 
 PCIE = 16e9            # D2L's PCIe 3.0 x16 figure

@@ -12,9 +12,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import algorithms
+from .. import algorithms
 from .cost import default_options, predict, uniform
-from .errors import ConfigError
+from ..errors import ConfigError
 from .simulate import simulate
 from .topology import Topology
 
@@ -53,7 +53,7 @@ def default_candidates(workers: int, dtype: str = "float32", max_error: float | 
         return out
     if not 0 < max_error < 1:
         raise ConfigError(f"max_error must be in (0, 1), got {max_error!r}")
-    from .coding import cerar
+    from ..coding import cerar
     if workers < 2 or not algorithms.get("cerar").accepts(dtype):
         return out
     for factor in CERAR_COMPONENTS:          # the error grows with c: stop at the first one over
@@ -98,7 +98,7 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
     incast), use the closed forms, which agree with the simulator there, instead of
     simulating (milliseconds instead of seconds at 64 workers).
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> choose(preset("pcie-switch-4"), 160_000_000).label in ("sharded", "halving_doubling")
     True
     """
@@ -129,7 +129,7 @@ def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers
     size) to within 2%, every one of them: a -> b -> c between two grid points gives two. A
     change and its reversal inside one bisection interval (a -> b -> a) are not seen.
 
-    >>> from gradsync.topology import preset
+    >>> from gradsync.model.topology import preset
     >>> _, crossovers = table(preset("ethernet", 8), [1000, 10**9], candidates=["central", "ring", "tree"])
     >>> [(c.below, c.above) for c in crossovers]
     [('central', 'tree'), ('tree', 'ring')]

@@ -103,26 +103,6 @@ def _one_openmp_thread():
             del os.environ["OMP_NUM_THREADS"]
 
 
-def launcher_local_size(workers: int) -> int | None:
-    """Workers per machine as the launch says it: GRADSYNC_LOCAL_SIZE, else the launcher's
-    variable (torchrun's and gradsync's own LOCAL_WORLD_SIZE, Open MPI's, Slurm's), if it
-    divides ``workers``; None when none does (``hosts.local_size`` then asks the group).
-    Example: with ``LOCAL_WORLD_SIZE=2`` in the environment, ``launcher_local_size(8)`` is 2."""
-    for key in ("GRADSYNC_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(key, "").split("(")[0]              # srun writes e.g. 2(x3)
-        if value.isdigit() and int(value) >= 1 and workers % int(value) == 0:
-            return int(value)
-    return None
-
-
-def local_size(workers: int) -> int:
-    """Workers per machine in this launch, for algorithms that group by machine:
-    ``launcher_local_size``, else ``workers`` (one machine). ``local_size(4)`` is 4 outside
-    any launcher."""
-    said = launcher_local_size(workers)
-    return workers if said is None else said
-
-
 # rank, world size and ranks per machine, as each launcher names them
 LAUNCHERS = {"torchrun": ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
              "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),

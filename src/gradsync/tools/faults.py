@@ -23,7 +23,7 @@ import torch
 
 from ..algorithms import names
 from ..errors import GradsyncError, PeerError
-from .api import all_reduce
+from ..runtime.api import all_reduce
 from .launch import run
 
 SIZES = (1, 100, 4096, 65536, 1 << 20)
@@ -102,7 +102,7 @@ def trial(workers: int, victim: int, algorithm: str, kill_after: float, timeout:
 
 
 def _segments() -> set[str]:
-    from .transport.shm import PREFIX, SHM_DIR
+    from ..runtime.transport.shm import PREFIX, SHM_DIR
 
     try:
         return {n for n in os.listdir(SHM_DIR) if n.startswith(f"{PREFIX}{os.getuid()}-")}
