@@ -274,6 +274,19 @@ def test_bad_codecs_are_named(text, message):
     assert message in str(info.value)
 
 
+def test_register_refuses_a_taken_name_and_names_its_owner():
+    impostor = compression.CodecSpec("topk", powersgd.PowerSgd, "not top-k at all")
+    with pytest.raises(ConfigError, match=r"cannot register compression 'topk': the name is taken "
+                                          r"\(by gradsync\.compression\.topk\)"):
+        compression.register(impostor)
+    assert compression.REGISTRY["topk"].codec is topk.TopK          # the first holder keeps it
+    again = compression.CodecSpec("topk_again", topk.TopK, "top-k, once more", compression.REGISTRY["topk"].options)
+    try:
+        assert compression.register(again) is again and "topk_again" in compression.names()
+    finally:
+        del compression.REGISTRY["topk_again"]
+
+
 def test_wire_bytes_shrink():
     n = 1_000_000
     (fp,), (p, q), (tk,), (sg,) = (compression.make(s).wire(4, n) for s in
@@ -317,7 +330,7 @@ def test_ddp_comm_hook_with_compression():
 
 
 def test_all_reduce_refuses_bad_compression_before_posting():
-    from gradsync.runtime.api import compressed_codec
+    from gradsync.runtime.request import compression_codec as compressed_codec
 
     with pytest.raises(ConfigError, match="needs a float tensor"):
         compressed_codec(torch.ones(3, dtype=torch.int32), "ring", "fp16")

@@ -3,7 +3,12 @@
 options are refused with messages that name the bad value."""
 
 import dataclasses
+import inspect
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +149,7 @@ def test_bench_runs_it_in_worker_processes_and_checks_the_sum(pairwise, monkeypa
     (dict(options={"segments": 1}), "option 'segments' must be an Option, got 1"),
     (dict(options={"chunks": Option(1, "an integer", is_int(1))}), "'chunks' is not a keyword of pairwise_schedule()"),
     (dict(options={"segments": Option(2, "an integer", is_int(1))}), "has default 2 but pairwise_schedule() uses 1"),
+    (dict(machine_option="machines"), "machine_option must be None or one of its options, got 'machines'"),
 ])
 def test_register_refuses_a_bad_spec(change, needle):
     with pytest.raises(ConfigError, match="cannot register algorithm") as err:
@@ -201,3 +207,64 @@ def test_dtypes_are_checked_and_filter_the_default_lists():
 def test_a_worker_process_that_cannot_rebuild_an_algorithm_says_so():
     with pytest.raises(ConfigError, match="module json neither registers it on import nor defines"):
         algorithms.load_external([("json", "ghost")])
+
+
+# The order every listing shows (gradsync list, tune's tables, the web view's menu, the README).
+BUILT_INS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
+
+# The whole file of a new algorithm, as one would write it in src/gradsync/algorithms/: the
+# imports, the two functions above, and its SPEC.
+PAIRWISE_MODULE = f'''"""The naive all-to-all: every worker sends its gradient to every other."""
+
+import numpy as np
+
+from ..core.schedule import REDUCE, Schedule, chunk_bounds, transfers
+from ._common import check_size
+from .spec import AlgorithmSpec, Option, is_int
+
+
+{inspect.getsource(pairwise_schedule)}
+
+{inspect.getsource(pairwise_cost)}
+
+SPEC = AlgorithmSpec(name="pairwise", schedule=pairwise_schedule, cost=pairwise_cost, exact=True,
+                     summary={PAIRWISE.summary!r},
+                     options={{"segments": Option(1, "an integer >= 1", is_int(1))}})
+'''
+
+# Run in the copy: the registry as `gradsync list` shows it, and the new algorithm verified
+# through the front door.
+IN_THE_COPY = """
+import json, sys
+from click.testing import CliRunner
+import gradsync
+from gradsync.cli import main
+listed = json.loads(CliRunner().invoke(main, ["list", "--format", "json"]).stdout)["algorithms"]
+for workers, elements in ((1, 0), (5, 17), (16, 1000)):
+    gradsync.verify(gradsync.schedule("pairwise", workers, elements, segments=3))
+print(json.dumps({"package": gradsync.__file__, "listed": [a["name"] for a in listed],
+                  "entry": next(a for a in listed if a["name"] == "pairwise")}))
+"""
+
+
+def test_a_new_algorithm_file_is_all_it_takes(tmp_path):
+    # A copy of the package with one file added, nothing else edited: the registry finds the
+    # module, lists it after the built-ins (in today's order), and it verifies.
+    package = Path(algorithms.__file__).resolve().parents[1]
+    shutil.copytree(package, tmp_path / "gradsync", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "gradsync" / "algorithms" / "pairwise.py").write_text(PAIRWISE_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-c", IN_THE_COPY], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert Path(out["package"]).resolve().parent == (tmp_path / "gradsync").resolve()
+    assert out["listed"] == [*BUILT_INS, "pairwise"]
+    assert out["entry"] == {"name": "pairwise", "exact": True, "dtypes": None, "options": {"segments": 1},
+                            "summary": PAIRWISE.summary}
+    assert "pairwise" not in algorithms.names()          # this process's registry is untouched
+
+
+def test_the_built_ins_keep_their_order():
+    assert algorithms.names()[:len(BUILT_INS)] == BUILT_INS
+    assert all(algorithms.get(name).schedule.__module__ == f"gradsync.algorithms.{name}" for name in BUILT_INS)

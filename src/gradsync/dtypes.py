@@ -1,5 +1,5 @@
 """The element types gradsync knows, in one table: name, bytes per element, whether it is a
-float, and its unit roundoff (floats only). Everything that names a dtype reads it from here.
+float. Everything that names a dtype reads it from here.
 
 torch is not imported: the schedule, simulator and CLI work without it; ``torch_dtype``
 imports it when asked.
@@ -16,6 +16,8 @@ from .errors import ConfigError
 
 
 class DType(NamedTuple):
+    """One row of the table: ``DType("float32", 4, True)``."""
+
     name: str
     itemsize: int
     is_float: bool
@@ -28,12 +30,14 @@ TABLE = {d.name: d for d in (
 
 
 def names(floats: bool | None = None) -> tuple[str, ...]:
-    """The known dtype names, in the table's order; ``floats`` True or False keeps one kind."""
+    """The known dtype names, in the table's order; ``floats`` True or False keeps one kind:
+    ``names(floats=False)[:2]`` is ('int8', 'uint8')."""
     return tuple(n for n, d in TABLE.items() if floats is None or d.is_float == floats)
 
 
 def get(name) -> DType:
-    """The table's entry for ``name`` (a name or a torch dtype); ConfigError naming the choices."""
+    """The table's entry for ``name`` (a name or a torch dtype); ConfigError naming the choices:
+    ``get("torch.int32").itemsize`` is 4."""
     key = str(name).removeprefix("torch.")
     if key not in TABLE:
         raise ConfigError(f"unknown dtype {name!r}: expected one of {', '.join(TABLE)}")
@@ -46,7 +50,7 @@ def itemsize(name) -> int:
 
 
 def is_float(name) -> bool:
-    """Whether ``name`` is a floating-point type."""
+    """Whether ``name`` is a floating-point type: ``is_float("bfloat16")`` is True."""
     return get(name).is_float
 
 

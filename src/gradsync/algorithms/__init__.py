@@ -1,9 +1,10 @@
-"""The registry of all-reduce algorithms: one module each, one ``AlgorithmSpec`` each here.
+"""The registry of all-reduce algorithms: one module each, ending in its own ``SPEC``.
 
 Every module exposes ``schedule(workers, elements, **options) -> Schedule`` and
-``cost(workers, nbytes, net, itemsize=4, **options) -> float`` (its closed form). Adding an
-algorithm is one new module plus one ``register`` call; the command line, the web view, the
-tuner and the runtime all read the registry.
+``cost(workers, nbytes, net, itemsize=4, **options) -> float`` (its closed form), and ends in
+``SPEC = AlgorithmSpec(...)``. The registry finds the modules of this package on import, so
+adding an algorithm is one new module; the command line, the web view, the tuner and the
+runtime all read the registry. Algorithms from users' own code join with ``register``.
 
 >>> names(exact=False)
 ('cerar',)
@@ -12,13 +13,18 @@ tuner and the runtime all read the registry.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import numpy as np
 
-from ..coding import cerar as cerar_codec
+from .. import dtypes
 from ..errors import ConfigError
-from . import central, cerar, halving_doubling, hierarchical, host, ring, sharded, tree
-from .spec import DTYPES, AlgorithmSpec, Option, is_int, is_number, one_of
+# Re-exported: users write their own specs with these (``from gradsync.algorithms import Option``).
+from .spec import AlgorithmSpec, Option, is_int, is_number, one_of  # noqa: F401
+
+# The order the built-ins are shown in (`gradsync list`, tune's tables, the web view's menu, the
+# README's table): simplest first. Modules found beyond these follow them, by name.
+SHOWN_FIRST = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
 
 REGISTRY: dict[str, AlgorithmSpec] = {}
 
@@ -95,7 +101,7 @@ def build(name: str, workers: int, elements: int, dtype=None, **options):
 
 def _dtype_name(dtype) -> str:
     """The name of a dtype given as a name or numpy dtype: ``_dtype_name(np.float32) == "float32"``."""
-    if isinstance(dtype, str) and dtype in DTYPES:          # bfloat16 too, which numpy does not know
+    if isinstance(dtype, str) and dtype in dtypes.names():   # bfloat16 too, which numpy does not know
         return dtype
     try:
         return np.dtype(dtype).name
@@ -129,62 +135,20 @@ def load_external(pairs) -> None:
             register(found[0])
 
 
-def _is_rings(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(r, (list, tuple)) for r in value)
+def algorithm_modules() -> list[str]:
+    """The modules of this package that may hold an algorithm (not ``spec``, not ``_private``
+    ones), in the order they are shown: ``algorithm_modules()[:2]`` is ['central', 'host']."""
+    found = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name != "spec"}
+    return [n for n in SHOWN_FIRST if n in found] + sorted(found - set(SHOWN_FIRST))
 
 
-def _is_weights(value) -> bool:
-    return isinstance(value, (list, tuple)) and all(map(is_number(0), value))
+def _register_built_ins() -> None:
+    # Imported by name, not listed in an import statement: a new module is found without
+    # editing this file. A module without a SPEC (a helper) is imported and skipped.
+    for module_name in algorithm_modules():
+        spec = getattr(importlib.import_module(f"{__name__}.{module_name}"), "SPEC", None)
+        if isinstance(spec, AlgorithmSpec):
+            register(spec)
 
 
-for _spec in (
-    AlgorithmSpec(name="central", schedule=central.schedule, cost=central.cost,
-                  explanation=central.EXPLANATION, phases={"reduce": "reduce to the root", "copy": "broadcast from the root"}, exact=True,
-                  summary="every worker sends to one root worker, which sums and sends the sum back",
-                  options={"root": Option(0, "a worker index (an integer >= 0)", is_int(0))}),
-    AlgorithmSpec(name="host", schedule=host.schedule, cost=host.cost,
-                  explanation=host.EXPLANATION, phases={"reduce": "reduce on the host", "copy": "broadcast from the host"}, exact=True,
-                  summary="every worker sends to the host CPU, which sums and sends the sum back"),
-    AlgorithmSpec(name="sharded", schedule=sharded.schedule, cost=sharded.cost,
-                  explanation=sharded.EXPLANATION, phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True,
-                  summary="each worker owns 1/N of the buffer: direct reduce-scatter, then all-gather"),
-    AlgorithmSpec(name="ring", schedule=ring.schedule, cost=ring.cost,
-                  explanation=ring.EXPLANATION, phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True,
-                  summary="reduce-scatter then all-gather around one ring, or several at once",
-                  options={"rings": Option(None, "a list of worker orders, e.g. [[0, 1, 2, 3]]", _is_rings),
-                           "weights": Option(None, "a list of positive numbers, one per ring", _is_weights)}),
-    AlgorithmSpec(name="tree", schedule=tree.schedule, cost=tree.cost,
-                  explanation=tree.EXPLANATION, phases={"reduce": "reduce up the tree", "copy": "broadcast down the tree"}, exact=True,
-                  summary="pipelined reduce up a binary tree, then broadcast down it",
-                  options={"segments": Option(None, "an integer >= 1", is_int(1))}),
-    AlgorithmSpec(name="halving_doubling", schedule=halving_doubling.schedule, cost=halving_doubling.cost,
-                  explanation=halving_doubling.EXPLANATION, phases={"reduce": "recursive halving", "copy": "recursive doubling"},
-                  exact=True, summary="recursive halving (reduce-scatter), then recursive doubling (all-gather)"),
-    AlgorithmSpec(name="hierarchical", schedule=hierarchical.schedule, cost=hierarchical.cost,
-                  explanation=hierarchical.EXPLANATION,
-                  phases={"reduce": "reduce-scatter, then all-reduce across machines",
-                          "copy": "all-gather"}, exact=True,
-                  summary="reduce-scatter inside each machine, all-reduce across machines on rails, all-gather inside",
-                  options={"local_size": Option(None, "an integer >= 1 that divides the workers (workers per machine)",
-                                                is_int(1)),
-                           "inter": Option("ring", f"one of {', '.join(hierarchical.INTERS)}",
-                                           one_of(*hierarchical.INTERS))}),
-    AlgorithmSpec(name="cerar", schedule=cerar.schedule, cost=cerar.cost,
-                  explanation=cerar.EXPLANATION, phases={"coded": "coded ring pass"}, exact=False,
-                  summary="coded approximate ring all-reduce: fewer rounds and bytes, a bounded error",
-                  dtypes=("float16", "float32", "float64"),
-                  options={"components": Option(None, "an integer >= 1", is_int(1)),
-                           "eps": Option(None, "a number in (0, 1)", is_number(0, 1)),
-                           "max_cond": Option(None, "a number in (1, 1e15)", is_number(1, 1e15)),
-                           "construction": Option(None, f"one of {', '.join(cerar_codec.CONSTRUCTIONS)}",
-                                                  one_of(*cerar_codec.CONSTRUCTIONS)),
-                           "max_error": Option(cerar_codec.DEFAULT_MAX_ERROR,
-                                               "a number > 0 (the relative error above which a design is "
-                                               "refused), or None to build it unchecked",
-                                               lambda v: v is None or is_number(0)(v)),
-                           "dtype": Option("float32", "float16, float32 or float64",
-                                           one_of("float16", "float32", "float64")),
-                           "scale": Option(None, f"one of {', '.join(cerar_codec.SCALES)}",
-                                           one_of(*cerar_codec.SCALES))}),
-):
-    register(_spec)
+_register_built_ins()

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.schedule import COPY, REDUCE, Schedule, transfers
 from ._common import Net, check_size, check_worker
+from .spec import AlgorithmSpec, Option, is_int
 
 
 def schedule(workers: int, elements: int, root: int = 0) -> Schedule:
@@ -40,3 +41,10 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
     if workers == 1:
         return 0.0
     return 2 * net.alpha + 2 * (workers - 1) * nbytes * net.beta + (workers - 1) * nbytes / itemsize * net.gamma
+
+
+SPEC = AlgorithmSpec(
+    name="central", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce to the root", "copy": "broadcast from the root"}, exact=True,
+    summary="every worker sends to one root worker, which sums and sends the sum back",
+    options={"root": Option(0, "a worker index (an integer >= 0)", is_int(0))})

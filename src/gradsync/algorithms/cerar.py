@@ -35,6 +35,9 @@ from ..coding import cerar as codec
 from ..errors import ConfigError
 from ..core.schedule import CODED, COMPUTE_DTYPE, Schedule, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec, Option, is_int, is_number, one_of
+
+FLOATS = ("float16", "float32", "float64")   # the dtypes its codec designs for
 
 
 def _components(workers, components):
@@ -90,3 +93,20 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, components=No
     rounds = c + workers - 2
     m = -(-int(nbytes // itemsize) // c)
     return rounds * (net.alpha + m * itemsize * net.beta + m * net.gamma) + (rounds * c + 2 * c * c) * m * net.mu
+
+
+SPEC = AlgorithmSpec(
+    name="cerar", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"coded": "coded ring pass"}, exact=False,
+    summary="coded approximate ring all-reduce: fewer rounds and bytes, a bounded error",
+    dtypes=FLOATS,
+    options={"components": Option(None, "an integer >= 1", is_int(1)),
+             "eps": Option(None, "a number in (0, 1)", is_number(0, 1)),
+             "max_cond": Option(None, "a number in (1, 1e15)", is_number(1, 1e15)),
+             "construction": Option(None, f"one of {', '.join(codec.CONSTRUCTIONS)}", one_of(*codec.CONSTRUCTIONS)),
+             "max_error": Option(codec.DEFAULT_MAX_ERROR,
+                                 "a number > 0 (the relative error above which a design is "
+                                 "refused), or None to build it unchecked",
+                                 lambda v: v is None or is_number(0)(v)),
+             "dtype": Option("float32", "float16, float32 or float64", one_of(*FLOATS)),
+             "scale": Option(None, f"one of {', '.join(codec.SCALES)}", one_of(*codec.SCALES))})

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec
 
 
 def schedule(workers: int, elements: int) -> Schedule:
@@ -72,3 +73,9 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
     if workers > p:
         time += 2 * net.alpha + 2 * nbytes * net.beta + nbytes / itemsize * net.gamma
     return time
+
+
+SPEC = AlgorithmSpec(
+    name="halving_doubling", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "recursive halving", "copy": "recursive doubling"}, exact=True,
+    summary="recursive halving (reduce-scatter), then recursive doubling (all-gather)")

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds
 from . import halving_doubling, ring
 from ._common import Net, check_size
+from .spec import AlgorithmSpec, Option, is_int, one_of
 
 EXPLANATION = """\
 Workers are grouped into machines of L workers. First each machine runs a reduce-scatter on its
@@ -114,3 +115,13 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size: i
     # the rails share each machine's network link: together they move what one all-reduce of n would
     across = INTERS[inter].cost(machines, nbytes, Net(net.alpha, net.beta), itemsize=itemsize)
     return inside + across + (machines - 1) / machines * nbytes / local / itemsize * net.gamma
+
+
+SPEC = AlgorithmSpec(
+    name="hierarchical", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce-scatter, then all-reduce across machines", "copy": "all-gather"}, exact=True,
+    summary="reduce-scatter inside each machine, all-reduce across machines on rails, all-gather inside",
+    options={"local_size": Option(None, "an integer >= 1 that divides the workers (workers per machine)",
+                                  is_int(1)),
+             "inter": Option("ring", f"one of {', '.join(INTERS)}", one_of(*INTERS))},
+    machine_option="local_size")

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.schedule import COPY, REDUCE, Schedule, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec
 
 HOST = "host"
 
@@ -42,3 +43,9 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
     beta = net.beta if net.host_beta is None else net.host_beta
     gamma = net.gamma if net.host_gamma is None else net.host_gamma
     return 2 * alpha + 2 * workers * nbytes * beta + workers * nbytes / itemsize * gamma
+
+
+SPEC = AlgorithmSpec(
+    name="host", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce on the host", "copy": "broadcast from the host"}, exact=True,
+    summary="every worker sends to the host CPU, which sums and sends the sum back")

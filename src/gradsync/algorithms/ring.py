@@ -29,16 +29,25 @@ import numpy as np
 from ..errors import ConfigError
 from ..core.schedule import COPY, REDUCE, TRANSFER_DTYPE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec, Option, is_number
 
 
 def _check_rings(workers, rings, weights):
+    """The rings and their weights, checked: the options' own rules (``SPEC``, which
+    ``algorithms.build`` applies too), then what needs the workers: every ring a permutation of
+    them, one weight per ring.
+
+    >>> _check_rings(3, None, None)
+    ([[0, 1, 2]], [1.0])
+    """
+    SPEC.check_options({"rings": rings, "weights": weights})    # for callers of schedule() itself
     rings = [list(range(workers))] if rings is None else [list(map(int, r)) for r in rings]
     for k, order in enumerate(rings):
         if sorted(order) != list(range(workers)):
             raise ConfigError(f"rings[{k}] must be a permutation of the workers 0..{workers - 1}, "
                               f"got {order}")
     weights = [1.0] * len(rings) if weights is None else [float(w) for w in weights]
-    if len(weights) != len(rings) or not rings or min(weights) <= 0:
+    if len(weights) != len(rings) or not rings:
         raise ConfigError(f"weights must be {len(rings)} positive numbers, one per ring, got {weights}")
     return rings, weights
 
@@ -81,3 +90,21 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, rings=None, w
     steps = 2 * (workers - 1)
     return float(np.max(steps * (net.alpha + share * np.asarray(betas))
                         + (workers - 1) * share / itemsize * net.gamma))
+
+
+# The rules of the two options, as far as they go without the workers (``_check_rings`` adds
+# the rest: each ring a permutation of the workers, as many weights as rings).
+def _is_rings(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(r, (list, tuple)) for r in value)
+
+
+def _is_weights(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(map(is_number(0), value))
+
+
+SPEC = AlgorithmSpec(
+    name="ring", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True,
+    summary="reduce-scatter then all-gather around one ring, or several at once",
+    options={"rings": Option(None, "a list of worker orders, e.g. [[0, 1, 2, 3]]", _is_rings),
+             "weights": Option(None, "a list of positive numbers, one per ring", _is_weights)})

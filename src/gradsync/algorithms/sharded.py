@@ -20,6 +20,7 @@ import numpy as np
 
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec
 
 
 def schedule(workers: int, elements: int) -> Schedule:
@@ -45,3 +46,9 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
         return 0.0
     share = (workers - 1) / workers * nbytes
     return 2 * net.alpha + 2 * share * net.beta + share / itemsize * net.gamma
+
+
+SPEC = AlgorithmSpec(
+    name="sharded", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True,
+    summary="each worker owns 1/N of the buffer: direct reduce-scatter, then all-gather")

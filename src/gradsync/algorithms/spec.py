@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import dtypes as dtype_table
 from ..errors import ConfigError
 
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 RESERVED = ("auto", "native")   # all_reduce's automatic choice; bench's row for the engine's own
 
 
@@ -61,6 +61,9 @@ class AlgorithmSpec:
     phases: what its rounds are called, by kind of transfer ("reduce", "copy", "coded"), for
         narration, e.g. {"reduce": "reduce-scatter", "copy": "all-gather"}.
     explanation: a few sentences for learners: what it does, why, its cost, when it wins.
+    machine_option: the option that takes the workers per machine (hierarchical's
+        ``local_size``), which the runtime fills in from where the ranks run when it is not
+        given; None for algorithms that do not group workers into machines.
 
     >>> from gradsync.algorithms import ring
     >>> spec = AlgorithmSpec(name="ring_again", schedule=ring.schedule, cost=ring.cost, exact=True,
@@ -78,6 +81,7 @@ class AlgorithmSpec:
     options: dict[str, Option] = field(default_factory=dict)
     phases: dict[str, str] = field(default_factory=dict)
     explanation: str = ""
+    machine_option: str | None = None
 
     def accepts(self, dtype: str) -> bool:
         """Whether it takes tensors of ``dtype`` (a name): ``get("cerar").accepts("int32")`` is False."""
@@ -121,9 +125,10 @@ class AlgorithmSpec:
             out.append(f"exact must be True or False, got {self.exact!r}")
         if not isinstance(self.summary, str) or not self.summary.strip() or "\n" in self.summary:
             out.append(f"summary must be one non-empty line, got {self.summary!r}")
+        known_dtypes = dtype_table.names()
         if self.dtypes is not None and (not isinstance(self.dtypes, tuple) or not self.dtypes
-                                        or not set(self.dtypes) <= set(DTYPES)):
-            out.append(f"dtypes must be None or a non-empty tuple of {', '.join(DTYPES)}, got {self.dtypes!r}")
+                                        or not set(self.dtypes) <= set(known_dtypes)):
+            out.append(f"dtypes must be None or a non-empty tuple of {', '.join(known_dtypes)}, got {self.dtypes!r}")
         if not isinstance(self.phases, dict) or not set(self.phases) <= {"reduce", "copy", "coded"} \
                 or not all(isinstance(v, str) and v for v in self.phases.values()):
             out.append(f"phases must map some of reduce, copy, coded to names, got {self.phases!r}")
@@ -131,6 +136,8 @@ class AlgorithmSpec:
             out.append(f"explanation must be a string, got {self.explanation!r}")
         if not isinstance(self.options, dict):
             return out + [f"options must be a dict of name -> Option, got {self.options!r}"]
+        if self.machine_option is not None and self.machine_option not in self.options:
+            out.append(f"machine_option must be None or one of its options, got {self.machine_option!r}")
         return out + self._option_problems()
 
     def _option_problems(self) -> list[str]:

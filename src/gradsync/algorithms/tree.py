@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
+from .spec import AlgorithmSpec, Option, is_int
 
 SEGMENT_ELEMENTS = 1 << 18   # 1 MiB of float32: enough to pipeline, few enough rounds
 
@@ -109,3 +110,10 @@ def _loads(workers, segments):
     into = from_kids + sending(top + d - 1, up == 1)
     out = sending(h, up == 1) + sending(top + d, k1 >= 0) + sending(top + d, k2 >= 0)
     return np.maximum(into, out).max(axis=0), from_kids.max(axis=0)
+
+
+SPEC = AlgorithmSpec(
+    name="tree", schedule=schedule, cost=cost, explanation=EXPLANATION,
+    phases={"reduce": "reduce up the tree", "copy": "broadcast down the tree"}, exact=True,
+    summary="pipelined reduce up a binary tree, then broadcast down it",
+    options={"segments": Option(None, "an integer >= 1", is_int(1))})

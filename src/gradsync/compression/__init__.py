@@ -39,7 +39,17 @@ REGISTRY: dict[str, CodecSpec] = {}
 
 
 def register(spec: CodecSpec) -> CodecSpec:
-    """Add a codec to the registry (``make`` and the CLI then know it)."""
+    """Add a codec to the registry (``make`` and the CLI then know it); refuse a taken name
+    (ConfigError naming the module of the codec that holds it), as ``algorithms.register`` does.
+
+    >>> register(CodecSpec("sign", sign.Sign, "a second sign"))
+    Traceback (most recent call last):
+    ...
+    gradsync.errors.ConfigError: cannot register compression 'sign': the name is taken (by gradsync.compression.sign)
+    """
+    if spec.name in REGISTRY:
+        raise ConfigError(f"cannot register compression {spec.name!r}: the name is taken "
+                          f"(by {REGISTRY[spec.name].codec.__module__})")
     REGISTRY[spec.name] = spec
     return spec
 

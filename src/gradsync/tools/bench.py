@@ -14,12 +14,22 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import dtypes
+from ..errors import ConfigError
 from .progress_bar import bar as progress_bar
+from .report import bus_bandwidth
 from ..runtime.api import all_reduce
 
 NATIVE = "native"
 BLOCK = 5          # timed calls in a row per algorithm
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "int32": torch.int32}
+DTYPES = ("float32", "float64", "bfloat16", "int32")   # the dtypes bench times, names of gradsync.dtypes
+
+
+def _bench_dtype(name: str) -> torch.dtype:
+    """The torch dtype of one of ``DTYPES``: ``_bench_dtype("int32")`` is ``torch.int32``."""
+    if name not in DTYPES:
+        raise ConfigError(f"bench times {', '.join(DTYPES)} tensors, got {name!r}")
+    return dtypes.torch_dtype(name)
 
 
 def default_iters(nbytes: int) -> int:
@@ -152,8 +162,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
         tracer = Trace()
     transport = engine.transport_used()
     extra = engine.extra_rows()
-    dtype = DTYPES[dtype_name]
-    itemsize = torch.tensor([], dtype=dtype).element_size()
+    dtype, itemsize = _bench_dtype(dtype_name), dtypes.itemsize(dtype_name)
     rows, total = [], len(sizes) * (len(names) + 1 + len(extra))
     bar = progress_bar(total, "bench") if progress and rank == 0 else None
     for nbytes in sizes:
@@ -178,7 +187,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
             algorithm, _, beside = name.partition("@")
             rows.append({"algorithm": algorithm, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
                          "time_s": t, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * 2 * (workers - 1) / workers / 1e9, "max_error": stats[1].item(),
+                         "busbw_GBps": bus_bandwidth(nbytes, t, workers) / 1e9, "max_error": stats[1].item(),
                          "workers": workers, "transport": "native" if name == NATIVE else beside or transport})
             if bar:
                 bar(f"{name} {nbytes} B")

@@ -26,13 +26,15 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .. import algorithms
+from .. import algorithms, dtypes
 from ..model.simulate import simulate
 from ..compression import make
 
 RATE_ELEMENTS = 1 << 18
 OVERHEAD_ELEMENTS = 64          # small enough that the wire and the codec's compute vanish
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "uint8": 1}
+# Bytes per element by name, read from the one table, for the readers that index it by name
+# (training/train.py, web/view.py); here dtypes.itemsize is called.
+ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.names()}
 
 
 class _Still:
@@ -188,9 +190,10 @@ def predict(compression, algorithm: str, topology, elements: int, workers: int |
     codec = make(compression)
     wire_s, overhead_s, collectives_s, sent = 0.0, 0.0, 0.0, np.zeros(workers)
     for schedule, dtype in wire_schedules(codec, algorithm, workers, elements, options, key):
-        wire, fixed = simulate(schedule, topology, ITEMSIZE[dtype]).time, overhead_time(overhead, schedule)
+        itemsize = dtypes.itemsize(dtype)
+        wire, fixed = simulate(schedule, topology, itemsize).time, overhead_time(overhead, schedule)
         wire_s, overhead_s, collectives_s = wire_s + wire, overhead_s + fixed, collectives_s + max(wire, fixed)
-        sent += schedule.elements_sent()[:workers] * ITEMSIZE[dtype]
+        sent += schedule.elements_sent()[:workers] * itemsize
     rate = codec_rate(codec.label, workers) if rate is None else rate
     codec_s = elements / rate
     return {"time_s": collectives_s + codec_s, "wire_s": wire_s, "codec_s": codec_s,

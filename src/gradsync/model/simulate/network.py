@@ -1,0 +1,137 @@
+"""The topology as the simulator reads it, as arrays: where the schedule's nodes run, the
+channels (the links' directions, the nodes' copy channels) with their capacities, the routes
+between nodes as padded channel paths, and the max-min fair rates of flows along them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import ConfigError
+from ...core.schedule import Schedule
+from ..topology import Topology
+
+
+def _placement(schedule: Schedule, topology: Topology) -> np.ndarray:
+    """Per schedule node, the index of the topology node it runs on: worker w on
+    ``topology.workers[w]``, the helper 'host' on ``topology.host``."""
+    if schedule.workers > len(topology.workers):
+        raise ConfigError(f"topology {topology.name!r} has {len(topology.workers)} worker devices; "
+                          f"the schedule needs {schedule.workers}")
+    names = list(topology.workers[:schedule.workers])
+    for helper in schedule.helpers:
+        if helper == "host":
+            if topology.host is None:
+                raise ConfigError(f"algorithm {schedule.algorithm!r} needs a host node; "
+                                  f"topology {topology.name!r} has none")
+            names.append(topology.host)
+        else:
+            raise ConfigError(f"no placement for helper node {helper!r}")
+    return np.array([topology.index[n] for n in names], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class _Net:
+    """The topology as the simulator reads it, for the schedule's nodes: channels (the links'
+    directed channels, then one per node with a copy rate, then padding), their capacities
+    and incast factors, and the nodes' rates and overheads."""
+
+    topology: Topology
+    names: list
+    capacity: np.ndarray          # per channel, padding last (infinite)
+    fan_in: np.ndarray            # per channel (0: none)
+    node_channel: np.ndarray      # per schedule node: its copy channel, or the padding
+    copy_channel: np.ndarray      # per topology node: the same (a switch with a copy rate: forwarding costs it)
+    add_rate: np.ndarray          # per schedule node
+    madd_rate: np.ndarray
+    overhead: np.ndarray          # seconds per message
+    startup: np.ndarray           # seconds before the first round
+    per_round: np.ndarray         # seconds per round
+    machine: np.ndarray           # per schedule node: the machine (a node with cores) its compute shares, or -1
+    cores: np.ndarray             # per machine
+
+    @property
+    def padding(self) -> int:
+        return len(self.capacity) - 1
+
+    @classmethod
+    def of(cls, topology: Topology, placement: np.ndarray) -> "_Net":
+        names = [topology.nodes[p].name for p in placement]
+        nodes = [topology.nodes[p] for p in placement]
+        copying = [p for p, n in enumerate(topology.nodes) if n.copy_rate]
+        n_links = 2 * len(topology.links)
+        padding = n_links + len(copying)
+        copy_channel = np.full(len(topology.nodes), padding, dtype=np.int64)
+        copy_channel[copying] = n_links + np.arange(len(copying))
+        capacity = np.concatenate([topology.channel_capacity, [topology.nodes[p].copy_rate for p in copying], [np.inf]])
+        fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
+        return cls(topology, names, capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
+                   np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
+                   np.array([n.message_overhead or 0.0 for n in nodes]),
+                   np.array([n.collective_overhead or 0.0 for n in nodes]),
+                   np.array([n.round_overhead or 0.0 for n in nodes]), *_machines(topology, names))
+
+
+def _machines(topology: Topology, names: list) -> tuple[np.ndarray, np.ndarray]:
+    """Per schedule node, the first node with ``cores`` on its route to another worker (the
+    machine whose cores its compute shares; -1 for none), and each machine's cores."""
+    with_cores = [i for i, n in enumerate(topology.nodes) if n.cores]
+    machine = np.full(len(names), -1, dtype=np.int64)
+    if with_cores and len(topology.workers) > 1:
+        for k, name in enumerate(names):
+            other = topology.workers[1] if name == topology.workers[0] else topology.workers[0]
+            on_route = [i for i in topology.route_nodes(name, other) if i in with_cores]
+            if on_route:
+                machine[k] = with_cores.index(on_route[0])
+    return machine, np.array([topology.nodes[i].cores for i in with_cores], dtype=float)
+
+
+def _pair_routes(src, dst, net):
+    """Padded channel paths (P, K) and latencies (P,) between schedule nodes src[i] -> dst[i]:
+    the sender's copy channel, the route's channels, the receiver's copy channel, then the
+    copy channels of the nodes the route passes through (a switch standing for a machine's
+    memory, which every transfer between its processes crosses)."""
+    names, topology, padding = net.names, net.topology, net.padding
+    routes, through = [], []
+    for a, b in zip(src.tolist(), dst.tolist()):
+        routes.append(topology.route(names[a], names[b]))
+        through.append([c for c in net.copy_channel[topology.route_nodes(names[a], names[b])[1:-1]] if c != padding])
+    hops = max([len(r[0]) for r in routes], default=1) or 1
+    extra = max([len(t) for t in through], default=0)
+    paths = np.full((len(routes), hops + 2 + extra), padding, dtype=np.int64)
+    for i, ((channels, _), via) in enumerate(zip(routes, through)):
+        paths[i, 1:1 + len(channels)] = channels
+        paths[i, hops + 2:hops + 2 + len(via)] = via
+    paths[:, 0], paths[:, hops + 1] = net.node_channel[src], net.node_channel[dst]
+    keep = (paths != padding).any(axis=0)
+    keep[1:1 + hops] = True               # no node costs: the routes alone, as before they existed
+    return paths[:, keep], np.array([r[1] for r in routes], dtype=float).reshape(len(routes))
+
+
+def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray, inbound=None,
+                   fan_in=None) -> np.ndarray:
+    """Max-min fair rates of flows along ``paths`` (progressive filling), vectorized. A flow
+    stands for ``weight[c]`` flows on channel c (1 unless the system is a symmetric quotient).
+    With ``fan_in``, a node's copy channel receiving k flows at once (``inbound``) has
+    capacity / (1 + fan_in (k - 1))."""
+    rate = np.zeros(len(paths))
+    if fan_in is not None:
+        k = np.bincount(inbound, minlength=len(capacity)) * weight
+        capacity = capacity / (1 + fan_in * np.maximum(k - 1, 0))
+    remaining = capacity.copy()
+    live = np.ones(len(paths), dtype=bool)
+    unbounded = (paths == len(capacity) - 1).all(axis=1)   # no channel at all (same device)
+    rate[unbounded], live[unbounded] = np.inf, False
+    while live.any():
+        load = np.bincount(paths[live].ravel(), minlength=len(capacity)) * weight
+        load[-1] = 0
+        used = load > 0
+        step = (remaining[used] / load[used]).min()
+        rate[live] += step
+        remaining[used] -= step * load[used]
+        full = np.zeros(len(capacity), dtype=bool)
+        full[used] = remaining[used] <= 1e-9 * capacity[used]
+        live &= ~full[paths].any(axis=1)
+    return rate
