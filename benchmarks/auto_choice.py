@@ -16,7 +16,7 @@ import torch
 
 
 def measure(workers: int) -> dict:
-    from gradsync.runtime.api import pick
+    from gradsync.runtime.compile import pick
 
     pick(torch.ones(1 << 10), 2)            # imports and the 2-worker case, not what we time
     x = torch.ones(1 << 24)

@@ -20,7 +20,7 @@ import torch
 
 def planned(algorithm: str, workers: int, elements: int) -> float:
     from gradsync.coding import cerar
-    from gradsync.runtime.api import compiled
+    from gradsync.runtime.compile import compiled
 
     worst = 0
     for rank in range(workers):

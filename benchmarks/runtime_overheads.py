@@ -1,6 +1,6 @@
 """Three per-collective costs found in the runtime at 4 KB, each measured against its fix.
 
-Usage: python benchmarks/runtime_overheads.py [--workers 2] [--launches 5] [--out docs/runtime_overheads.json]
+Usage: python benchmarks/runtime_overheads.py [--workers 2] [--launches 5] [--out docs/results/runtime_overheads.json]
 
 On a 2-core machine a fresh process group settles, launch after launch, into a fast or a
 slow state (the same code: 0.8 ms or 4-5 ms per 4 KB all-reduce; cause not pinned down), so each
@@ -65,7 +65,7 @@ def ring_after_torch_op(rank, workers):
 
 def ring_release(rank, workers, keep):
     import gradsync
-    from gradsync.runtime import transport
+    from gradsync.runtime.transport import distributed as transport   # where the kept Work objects live
 
     torch.set_num_threads(1)
     if not keep:
@@ -93,7 +93,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--launches", type=int, default=5)
-    parser.add_argument("--out", default="docs/runtime_overheads.json")
+    parser.add_argument("--out", default="docs/results/runtime_overheads.json")
     args = parser.parse_args()
     n = args.workers
     runs = {key: [] for key in ("agreement", "openmp_1", "openmp_2", "release_kept", "release_at_once")}

@@ -323,3 +323,30 @@ def overlapped_training(rank, workers, algorithm, steps):
             opt.step()
         params[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return {"diff": (params["gradsync"] - params["default"]).abs().max().item(), "buckets": len(calls)}
+
+
+def path_to_the_wire(rank, workers):
+    """The gradsync functions one all_reduce(tensor, "ring") calls, in order, up to the first
+    post of its data on the transport (the agreement's digests go first): (module, function)
+    pairs, read with a profile hook."""
+    import sys
+
+    calls = []
+
+    def hook(frame, event, arg):
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("gradsync."):
+            calls.append((module, frame.f_code.co_name))
+            caller = frame.f_back.f_globals.get("__name__", "")
+            if module.startswith("gradsync.runtime.transport") and frame.f_code.co_name == "post" \
+                    and caller == "gradsync.runtime.exact":
+                sys.setprofile(None)
+
+    tensor = torch.ones(1000)
+    gradsync.all_reduce(tensor, "ring")          # compiled and agreed once: the steady state follows
+    sys.setprofile(hook)
+    gradsync.all_reduce(tensor, "ring")
+    sys.setprofile(None)
+    return calls

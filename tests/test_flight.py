@@ -65,13 +65,13 @@ def test_sigusr1_writes_the_record_of_a_hung_collective(tmp_path):
     script = textwrap.dedent(f"""
         import time, torch
         from gradsync.runtime import flight
-        from gradsync.runtime.api import prepare
+        from gradsync.runtime.prepare import prepare
         from gradsync.runtime.transport import MemoryTransport
         flight.configure({str(tmp_path)!r})
         a, b = MemoryTransport.group(2)
         x = torch.ones(1000)
         print("ready", flush=True)
-        prepare(x, "tree", "sum", a, time.monotonic() + 60, False).start(True).wait()   # rank 1 never comes
+        prepare(x, "tree", "sum", a, time.monotonic() + 60, check=False).start(True).wait()   # rank 1 never comes
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

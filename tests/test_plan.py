@@ -14,7 +14,8 @@ from gradsync.algorithms import central, halving_doubling, ring
 from gradsync.errors import MismatchError
 from gradsync.core import plan as plan_module
 from gradsync.core.plan import compile_plan
-from gradsync.runtime.api import compiled, frozen, prepare
+from gradsync.runtime.compile import compiled, frozen
+from gradsync.runtime.prepare import prepare
 from gradsync.runtime.transport import MemoryTransport
 from thread_groups import run_group
 
@@ -129,10 +130,10 @@ def test_a_blocking_all_reduce_in_a_futures_callback_runs_instead_of_waiting_for
         second = torch.full((10,), 100.0)
 
         def then(future):          # runs on this rank's progress thread, on completion
-            prepare(second, "ring", "sum", transports[r], time.monotonic() + 10, True, False, {}).start(True).wait()
+            prepare(second, "ring", "sum", transports[r], time.monotonic() + 10).start(True).wait()
             return future.value()
 
-        future = prepare(first, "ring", "sum", transports[r], time.monotonic() + 10, True, False, {}).start()
+        future = prepare(first, "ring", "sum", transports[r], time.monotonic() + 10).start()
         out[r] = (future.then(then).wait().tolist(), second.tolist())
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
@@ -150,7 +151,7 @@ def test_a_parameter_that_requires_grad_is_all_reduced_in_place():
 
     def rank(r):
         try:
-            prepare(params[r], "central", "sum", transports[r], time.monotonic() + 10, True, False, {}).start(True).wait()
+            prepare(params[r], "central", "sum", transports[r], time.monotonic() + 10).start(True).wait()
         except Exception as exc:       # noqa: BLE001 - reported to the test
             errors.append(exc)
 

@@ -15,7 +15,7 @@ from gradsync import algorithms
 from gradsync.tools import trace_files as trace
 from gradsync.errors import ConfigError
 from gradsync.tools import bench
-from gradsync.runtime.api import prepare
+from gradsync.runtime.prepare import prepare
 from gradsync.tools.launch import run
 from gradsync.runtime.tracing import Trace
 from gradsync.runtime.transport import MemoryTransport
@@ -33,8 +33,8 @@ def traced_group(workers, algorithm, elements, calls=1, **options):
         try:
             for _ in range(calls):
                 x = torch.full((elements,), float(r + 1))
-                prepare(x, algorithm, "sum", transports[r], time.monotonic() + 30, True, False, options,
-                        traces[r]).start(True).wait()
+                prepare(x, algorithm, "sum", transports[r], time.monotonic() + 30, options=options,
+                        trace=traces[r]).start(True).wait()
                 assert torch.allclose(x, torch.full_like(x, workers * (workers + 1) / 2), rtol=1e-2)   # CERAR: approximate
         except Exception as exc:       # noqa: BLE001 - reported below
             errors.append(exc)
@@ -201,8 +201,8 @@ def test_a_rank_tracing_alone_gets_a_mismatch_not_a_hang():
         try:
             for k in range(2):          # the second call: rank 0 traces, rank 1 does not
                 traced = Trace() if (r == 0 and k == 1) else None
-                prepare(torch.ones(10), "ring", "sum", transports[r], time.monotonic() + 10, True, False, {},
-                        traced).start(True).wait()
+                prepare(torch.ones(10), "ring", "sum", transports[r], time.monotonic() + 10,
+                        trace=traced).start(True).wait()
         except Exception as exc:       # noqa: BLE001 - the test looks at it
             out[r] = exc
 

@@ -2,7 +2,7 @@
 
 import time
 
-from gradsync.runtime.api import prepare
+from gradsync.runtime.prepare import prepare
 from gradsync.runtime.transport.memory import run_threads
 
 
@@ -10,7 +10,7 @@ def run_group(inputs, algorithm, seed=0, op="sum", **options):
     """Every rank's result (or the exception it raised) of one all-reduce of ``inputs``."""
     def rank(r, transport):
         t = inputs[r].clone()
-        prepare(t, algorithm, op, transport, time.monotonic() + 20, True, False, options).start(True).wait()
+        prepare(t, algorithm, op, transport, time.monotonic() + 20, options=options).start(True).wait()
         return t
 
     return run_threads(rank, len(inputs), seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..runtime import flight
 from ..runtime.api import all_reduce
 
 
@@ -25,6 +26,7 @@ def comm_hook(algorithm: str = "ring", timeout: float | None = None, trace=None,
         model.register_comm_hook(None, comm_hook("halving_doubling"))
         model.register_comm_hook(None, comm_hook("ring", compression="powersgd:rank=4"))
     """
+    flight.watch_signal()                 # made in the main thread, where a signal handler can go
     codec = None
     if compression is not None:
         from ..compression import make

@@ -19,7 +19,9 @@ from .. import algorithms
 from ..errors import ConfigError
 from ..core.schedule import COPY, REDUCE, Schedule, complete_segments
 from ..runtime.agree import agree
-from ..runtime.api import DEFAULT_TIMEOUT, compiled
+from ..runtime import flight
+from ..runtime.compile import compiled
+from ..runtime.request import default_timeout
 from ..runtime.collective import Collective, node_buffers
 from ..runtime.transport import DistributedTransport
 
@@ -55,7 +57,8 @@ class KVStore:
             raise ConfigError(f"strategy must be an exact algorithm, one of {', '.join(algorithms.names(exact=True))}, "
                               f"got {strategy!r}")
         self.strategy, self.updater, self.group = strategy, updater, group
-        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        flight.watch_signal()
         self.transport = DistributedTransport(group)
         self._entries: dict = {}
 

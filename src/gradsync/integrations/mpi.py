@@ -16,7 +16,9 @@ import time
 import torch
 
 from ..errors import ConfigError
-from ..runtime.api import check_call, run_all_reduce
+from ..runtime import flight
+from ..runtime.prepare import build
+from ..runtime.request import Request
 from ..runtime.transport.mpi import MpiTransport
 
 
@@ -31,8 +33,11 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", c
         grad = torch.ones(1000)
         gradsync.integrations.mpi.all_reduce(grad, algorithm="ring")
     """
-    timeout = check_call(tensor, op, timeout)
+    request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
+                              check_finite=check_finite, trace=trace)
     if tensor.device.type != "cpu":
         raise ConfigError("the MPI engine takes CPU tensors")
-    return run_all_reduce(tensor, algorithm, op, MpiTransport(comm), time.monotonic() + timeout, check,
-                          check_finite, options, trace)
+    flight.watch_signal()
+    deadline = time.monotonic() + request.timeout
+    # MPI has no progress thread of ours to hand over to: run it to the end here
+    return build(request, MpiTransport(comm), deadline).start(inline=True).wait()

@@ -21,14 +21,36 @@ from collections import OrderedDict
 import torch
 
 from ..errors import MismatchError
-from .transport.distributed import GATHER_TAG
+from .state import group_state
+from .transport.base import GATHER_TAG
 
 DIGEST_BYTES = 16
 TEXT_BYTES = 512
-SEEN_LIMIT = 4096      # descriptions remembered per process (least recently used dropped)
+SEEN_LIMIT = 4096      # descriptions remembered per group (least recently used dropped)
 
-_seen: OrderedDict = OrderedDict()
-_seen_lock = threading.Lock()
+
+class SeenDigests:
+    """The digests of the collectives a group has already agreed on, least recently used first,
+    at most ``limit``. ``add`` says whether it was there.
+
+    >>> s = SeenDigests(limit=1); s.add(b"a"), s.add(b"a"), s.add(b"b"), s.add(b"a")
+    (False, True, False, False)
+    """
+
+    def __init__(self, limit: int = SEEN_LIMIT):
+        self.limit = limit
+        self._digests: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, signature: bytes) -> bool:
+        with self._lock:
+            if signature in self._digests:
+                self._digests.move_to_end(signature)
+                return True
+            self._digests[signature] = None
+            while len(self._digests) > self.limit:
+                self._digests.popitem(last=False)
+            return False
 
 
 def digest(description: dict) -> bytes:
@@ -44,15 +66,7 @@ def seen_before(group_key: str, signature: bytes) -> bool:
     >>> seen_before("doctest", digest({"x": 1})), seen_before("doctest", digest({"x": 1}))
     (False, True)
     """
-    key = (group_key, signature)
-    with _seen_lock:
-        if key in _seen:
-            _seen.move_to_end(key)
-            return True
-        _seen[key] = None
-        while len(_seen) > SEEN_LIMIT:
-            _seen.popitem(last=False)
-        return False
+    return group_state(group_key).slot("seen", SeenDigests).add(signature)
 
 
 class Agreement:

@@ -1,7 +1,7 @@
 """A compressed all-reduce: a codec (``gradsync.compression``) running exact collectives of its
 payload over one transport, as one job on the group's progress thread.
 
-The codec's inner all-reduces go through ``api.prepare`` (so the ranks agree on their shape
+The codec's inner all-reduces go through ``prepare.build`` (so the ranks agree on their shape
 and dtype as for any collective, and a codec set differently on two ranks is a
 ``MismatchError``); its all-gathers run the COPY half of a ring schedule over a buffer where
 each rank's payload sits in the segment the ring's reduce-scatter would leave it owning.
@@ -17,7 +17,9 @@ import torch
 from ..algorithms import ring
 from ..core.plan import compile_plan
 from ..core.schedule import COPY, Schedule, complete_segments
-from .collective import Collective, node_buffers, start
+from .collective import Collective, node_buffers
+from .prepare import prepare
+from .progress import start
 
 
 def all_gather_schedule(workers: int, elements: int) -> Schedule:
@@ -61,9 +63,8 @@ class TransportExchange:
         self.workers, self.rank = transport.size, transport.rank
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        from .api import prepare   # api imports this module for all_reduce(compression=...)
-        return prepare(tensor, self.algorithm, "sum", self.transport, self.deadline, self.check,
-                       False, self.options, self.trace).start(inline=True).wait()
+        return prepare(tensor, self.algorithm, "sum", self.transport, self.deadline, check=self.check,
+                       options=self.options, trace=self.trace).start(inline=True).wait()
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         n, workers = tensor.numel(), self.workers
@@ -89,6 +90,13 @@ class CompressedAllReduce:
         self.tensor, self.codec, self.exchange, self.op = tensor, codec, exchange, op
         self.transport = exchange.transport
         self.key = (tuple(tensor.shape), str(tensor.dtype)) if key is None else key
+
+    @classmethod
+    def of(cls, request, transport, deadline: float) -> "CompressedAllReduce":
+        """The compressed all-reduce of a checked ``request`` (one with a codec) over ``transport``."""
+        exchange = TransportExchange(transport, request.algorithm, request.options, deadline, request.check,
+                                     request.trace)
+        return cls(request.tensor, request.codec, exchange, request.op, request.compression_key)
 
     def start(self, inline: bool = False) -> torch.futures.Future:
         return start(self, self.transport, inline)

@@ -28,6 +28,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from .state import group_state
+
 LIMIT = 64
 ENV = "GRADSYNC_FLIGHT_DIR"
 
@@ -54,7 +56,6 @@ class FlightRecorder:
 
     def __init__(self, limit: int = LIMIT):
         self._entries: deque = deque(maxlen=limit)
-        self._sequences: dict = {}
         self._lock = threading.Lock()
         self.directory: str | None = None
 
@@ -68,7 +69,7 @@ class FlightRecorder:
         e.itemsize, e.dtype, e.phase, e.round = flat.element_size(), flat.dtype, "run", -1
         e.started, e.ended, e.error, e.peer = time.time(), None, None, None
         with self._lock:
-            e.sequence = self._sequences[e.group] = self._sequences.get(e.group, 0) + 1
+            e.sequence = group_state(e.group).advance("flight")     # the n-th collective of its group here
             self._entries.append(e)
         return e
 
@@ -114,7 +115,6 @@ class FlightRecorder:
 
 
 RECORDER = FlightRecorder()
-_signal_installed = False
 
 
 def configure(directory: str | os.PathLike, on_signal: bool = True) -> None:
@@ -128,12 +128,30 @@ def configure(directory: str | os.PathLike, on_signal: bool = True) -> None:
         install_signal()
 
 
+def watch_signal() -> bool:
+    """Install the SIGUSR1 handler if GRADSYNC_FLIGHT_DIR is set (read now) and it is not yet
+    installed; gradsync's entry points call it (``all_reduce``, the DDP hook, the KVStore,
+    the local launcher's workers), so nothing is installed at import. Returns whether it is."""
+    return SIGNAL.installed or (bool(os.environ.get(ENV)) and install_signal())
+
+
+class _Signal:
+    """The SIGUSR1 handler's state: whether it is installed, and the socket pair that carries
+    the signal to the watcher thread (kept as long as the process)."""
+
+    def __init__(self):
+        self.installed = False
+        self.sockets: list = []
+
+
+SIGNAL = _Signal()
+
+
 def install_signal() -> bool:
     """Dump the record on SIGUSR1, even while the main thread is blocked in a collective's wait:
     the signal's byte reaches a watcher thread through the wakeup fd, which writes the files.
     Returns whether it is installed (not from another thread, not over someone's handler)."""
-    global _signal_installed
-    if _signal_installed:
+    if SIGNAL.installed:
         return True
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
@@ -149,23 +167,16 @@ def install_signal() -> bool:
         signal.signal(signal.SIGUSR1, lambda *_: RECORDER.dump("SIGUSR1"))
     else:
         signal.signal(signal.SIGUSR1, lambda *_: None)     # the watcher does the work
-
-        def watch():
-            while True:
-                data = reader.recv(64)
-                if not data:
-                    return
-                if signal.SIGUSR1 in data:
-                    RECORDER.dump("SIGUSR1")
-
-        threading.Thread(target=watch, name="gradsync-flight", daemon=True).start()
-        _keep.extend([reader, writer])
-    _signal_installed = True
+        threading.Thread(target=_watch, args=(reader,), name="gradsync-flight", daemon=True).start()
+        SIGNAL.sockets.extend([reader, writer])
+    SIGNAL.installed = True
     return True
 
 
-_keep: list = []        # the socket pair lives as long as the process
-
-
-if os.environ.get(ENV):
-    install_signal()
+def _watch(reader) -> None:
+    while True:
+        data = reader.recv(64)
+        if not data:
+            return
+        if signal.SIGUSR1 in data:
+            RECORDER.dump("SIGUSR1")

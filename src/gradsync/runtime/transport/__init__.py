@@ -4,54 +4,21 @@
 through shared memory between the ranks of one host, ``MixedTransport`` through shared memory
 inside each host and Gloo across hosts, ``MpiTransport`` over mpi4py, ``MemoryTransport``
 between threads of one process (for tests: every rank in one process, as Gloo's own tests do).
-Each names a failed peer in a ``PeerError``.
+Each names a failed peer in a ``PeerError``. What they share (the protocol, its optional
+capabilities, the group keys, ``gather``) is in ``base``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import torch
-
 from ...errors import ConfigError
+from .base import GATHER_TAG, GatherOverPost, ReducesFromChannel, Transport, group_key, post_each, \
+    reduces_from_channel
 from .distributed import DistributedTransport, TorchTransport
 from .memory import MemoryTransport
 from .mixed import MixedTransport
 from .shm import ShmTransport, host_group, shared_group
 
 CHOICES = ("gloo", "shm", "auto")      # for a torch.distributed group; MPI has its own entry point
-
-
-class Transport(Protocol):
-    """Point-to-point messages of one collective between the ``size`` ranks of a group.
-
-    ``recv``/``send`` post an operation and return a handle at once; ``post`` posts several
-    (batched where the engine can); ``wait`` blocks until the handles are complete or
-    ``deadline`` (time.monotonic()) passes, raising ``PeerError`` naming the peer; ``gather``
-    exchanges fixed-size bytes with every rank (never pickled objects); ``close`` ends the
-    collective's timers.
-    """
-
-    rank: int
-    size: int
-
-    def recv(self, tensor: torch.Tensor, peer: int, tag: int): ...
-
-    def send(self, tensor: torch.Tensor, peer: int, tag: int): ...
-
-    def post(self, ops: list[tuple[str, torch.Tensor, int, int]]) -> list: ...
-
-    def wait(self, pending: list, deadline: float) -> None: ...
-
-    def gather(self, data: torch.Tensor, deadline: float, tag: int = 0) -> list[torch.Tensor]: ...
-
-    def close(self) -> None: ...
-
-
-def post_each(transport, ops: list[tuple[str, torch.Tensor, int, int]]) -> list:
-    """``post`` for engines without a batch call: each ("send" | "recv", tensor, peer, tag) in turn."""
-    return [transport.send(t, peer, tag) if kind == "send" else transport.recv(t, peer, tag)
-            for kind, t, peer, tag in ops]
 
 
 def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0, stall_warning=None):
@@ -65,12 +32,7 @@ def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0,
 
     Example, in each rank: ``for_group("auto")`` is a ``ShmTransport`` when all run on one host.
     """
-    if name not in CHOICES:
-        hint = " (MPI runs through gradsync.integrations.mpi.all_reduce under mpirun)" if name == "mpi" else ""
-        raise ConfigError(f"transport must be one of {', '.join(CHOICES)}, got {name!r}{hint}")
-    if name == "shm" and (device != "cpu" or stall_warning):
-        raise ConfigError(f"transport 'shm' takes CPU tensors without stall_warning, got a {device} tensor"
-                          + (f" and stall_warning={stall_warning!r}" if stall_warning else ""))
+    check_choice(name, device, stall_warning)
     if name == "shm":
         return ShmTransport(group, shared=shared_group(group, timeout))
     if name == "auto" and device == "cpu" and not stall_warning and _gloo(group):
@@ -84,6 +46,22 @@ def for_group(name: str, group=None, device: str = "cpu", timeout: float = 60.0,
         elif kind == "mixed":
             return MixedTransport(group, timeout, shared=host_group(group, timeout))
     return DistributedTransport(group, stall_warning)
+
+
+def check_choice(name: str, device: str = "cpu", stall_warning=None) -> None:
+    """Refuse, as a ``ConfigError``, a transport ``for_group`` cannot give for a ``device``
+    tensor and ``stall_warning``, before any group or store is touched.
+
+    >>> check_choice("tcp")
+    Traceback (most recent call last):
+    gradsync.errors.ConfigError: transport must be one of gloo, shm, auto, got 'tcp'
+    """
+    if name not in CHOICES:
+        hint = " (MPI runs through gradsync.integrations.mpi.all_reduce under mpirun)" if name == "mpi" else ""
+        raise ConfigError(f"transport must be one of {', '.join(CHOICES)}, got {name!r}{hint}")
+    if name == "shm" and (device != "cpu" or stall_warning):
+        raise ConfigError(f"transport 'shm' takes CPU tensors without stall_warning, got a {device} tensor"
+                          + (f" and stall_warning={stall_warning!r}" if stall_warning else ""))
 
 
 def auto_kind(found) -> str:
@@ -105,5 +83,6 @@ def _gloo(group) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
-__all__ = ["CHOICES", "DistributedTransport", "MemoryTransport", "MixedTransport", "ShmTransport", "Transport",
-           "TorchTransport", "auto_kind", "for_group", "host_group", "post_each", "shared_group"]
+__all__ = ["CHOICES", "DistributedTransport", "GATHER_TAG", "GatherOverPost", "MemoryTransport", "MixedTransport",
+           "ReducesFromChannel", "ShmTransport", "Transport", "TorchTransport", "auto_kind", "check_choice",
+           "for_group", "group_key", "host_group", "post_each", "reduces_from_channel", "shared_group"]

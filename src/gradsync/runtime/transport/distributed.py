@@ -23,6 +23,11 @@ import torch
 import torch.distributed as dist
 
 from ...errors import PeerError
+from ..state import group_state
+from .base import GATHER_TAG, GatherOverPost, failure_key, group_key, group_name, post_each
+
+# GATHER_TAG and group_name live in base; the agreement and tracing import them from here too
+__all__ = ["DistributedTransport", "GATHER_TAG", "Pending", "TorchTransport", "group_name"]
 
 
 @dataclass
@@ -36,19 +41,12 @@ class Pending:
 
 
 log = logging.getLogger("gradsync")
-GATHER_TAG = (1 << 31) - 16     # above any plan's tag (transfer index * 64 + piece, salted)
-_started: dict[str, int] = {}     # collectives this process has started, per group
 # The last operations' Work objects, kept alive a while after they complete. Freeing a Gloo
 # send or receive as soon as its wait returns made a 4 KB ring all-reduce 5x slower (N = 2,
 # median of 5 launches: 4.6 ms against 0.85 ms, benchmarks/runtime_overheads.py), with
 # Gloo's event-loop thread using 3-7x the CPU; freed 32 operations later, they cost nothing.
 # The price: the tensors of the last 32 operations stay referenced until later ones replace them.
 _recent: deque = deque(maxlen=32)
-
-
-def group_name(group=None) -> str:
-    """The group's name, the same in every process: "world", or its global ranks ("0-2-3")."""
-    return "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
 
 
 def _store():
@@ -58,7 +56,7 @@ def _store():
         return None
 
 
-class DistributedTransport:
+class DistributedTransport(GatherOverPost):
     """torch.distributed point-to-point operations within ``group``, for one collective.
 
     ``stall_warning``: seconds after which a still-running collective logs a warning naming
@@ -76,13 +74,9 @@ class DistributedTransport:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self._global = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.size)]
-        # One notice per group, the same name on every rank (ids differ between processes):
-        # after a PeerError the group cannot be used again, and ranks may be one collective
-        # apart when a failure hits.
-        key = group_name(group)
-        self.failure_key = f"gradsync/failure/{key}"
-        self.group_key = f"torch/{key}"       # the collectives of one group run one at a time
-        self.sequence = _started[key] = _started.get(key, 0) + 1
+        self.failure_key = failure_key(group)     # one notice per group (see there)
+        self.group_key = group_key(group)         # the collectives of one group run one at a time
+        self.sequence = group_state(self.group_key).advance("collectives")     # its number in this process
         self.waiting_for: Pending | None = None
         self._batched = dist.get_backend(group) == "nccl"
         self.started = time.monotonic()
@@ -129,25 +123,12 @@ class DistributedTransport:
         if self._timer is not None:
             self._timer.cancel()
 
-    def gather(self, data: torch.Tensor, deadline: float, tag: int = 0) -> list[torch.Tensor]:
-        """Every rank's ``data`` (same-size bytes), by rank (this rank's entry is ``data``
-        itself), without pickling: a message to and from every peer, all posted at once. It
-        runs before every collective, and Gloo's own all_gather of 16 bytes took 280 us here
-        against 85 us for this (N = 2; 3.4 ms at N = 4; benchmarks/runtime_overheads.py).
-        ``tag`` (0-15) tells consecutive gathers apart."""
-        out = [data if r == self.rank else torch.empty_like(data) for r in range(self.size)]
-        peers = [r for r in range(self.size) if r != self.rank]
-        pending = [self.recv(out[r], r, GATHER_TAG + tag) for r in peers]
-        pending += [self.send(data, r, GATHER_TAG + tag) for r in peers]
-        self.wait(pending, deadline)
-        return out
-
     def post(self, ops: list[tuple[str, torch.Tensor, int, int]]) -> list[Pending]:
         """Post ("send" | "recv", tensor, peer, tag) operations: batched on NCCL, in turn on Gloo."""
         if not ops:
             return []
         if not self._batched:
-            return [self.send(t, p, tag) if kind == "send" else self.recv(t, p, tag) for kind, t, p, tag in ops]
+            return post_each(self, ops)
         p2p = [dist.P2POp(dist.isend if kind == "send" else dist.irecv, t, self._global[p], self.group, tag)
                for kind, t, p, tag in ops]
         try:

@@ -20,10 +20,11 @@ import hashlib
 import logging
 import os
 import socket
-import threading
 from dataclasses import dataclass
 
 from ...errors import PeerError
+from ..state import group_state
+from .base import group_key, group_name
 
 OVERRIDE = "GRADSYNC_HOST"
 IDENTITY_BYTES = 96             # 32 hex digits of digest, a space, the host name (cut, padded)
@@ -119,32 +120,25 @@ def from_identities(identities: list[bytes]) -> HostMap:
     return HostMap(tuple(host), tuple(names))
 
 
-_MAPS: dict = {}               # id(process group) -> (process group, HostMap)
-_MAPS_LIMIT = 64               # groups remembered; the oldest is forgotten beyond
-_MAPS_LOCK = threading.Lock()
-_exchanges: dict[str, int] = {}
-
-
 def host_map(group=None, timeout: float = 60.0) -> HostMap:
     """Where the ranks of a torch.distributed ``group`` run, exchanged once per group through
-    its rendezvous store (every rank calls it: the first call of each waits for all). A rank
-    that never comes is a ``PeerError`` naming it after ``timeout`` seconds.
+    its rendezvous store (every rank calls it: the first call of each waits for all), and kept
+    in the group's state for that process group object. A rank that never comes is a
+    ``PeerError`` naming it after ``timeout`` seconds.
 
     Example, in each rank after ``dist.init_process_group``: ``host_map().hosts`` is 1 when all
     ranks run on this machine.
     """
     import torch.distributed as dist
 
-    from .distributed import group_name
-
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    with _MAPS_LOCK:
-        entry = _MAPS.get(id(pg))
-        if entry is not None and entry[0] is pg:
-            return entry[1]
+    state = group_state(group_key(group))
+    kept = state.kept("host map", pg)
+    if kept is not None:
+        return kept
     rank, size, name = dist.get_rank(group), dist.get_world_size(group), group_name(group)
     store = dist.distributed_c10d._get_default_store()
-    _exchanges[name] = n = _exchanges.get(name, 0) + 1
+    n = state.advance("host exchanges")         # every rank exchanges alike: the same keys
     keys = [f"gradsync/hosts/{name}/{n}/{r}" for r in range(size)]
     try:
         store.set(keys[rank], identity())
@@ -158,10 +152,7 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
                             f"compared hosts", peer=0, op="setup") from None
         raise PeerError(f"rank {rank}: rank(s) {missing} did not say which host they run on before the timeout",
                         peer=missing[0] if missing else None, op="setup") from None
-    with _MAPS_LOCK:
-        _MAPS[id(pg)] = (pg, found)
-        while len(_MAPS) > _MAPS_LIMIT:
-            _MAPS.pop(next(iter(_MAPS)))
+    state.keep("host map", pg, found)
     return found
 
 

@@ -16,6 +16,7 @@ import time
 import torch
 
 from ...errors import PeerError
+from .base import GatherOverPost, post_each
 
 
 class _Message:
@@ -66,7 +67,7 @@ class _Handle:
         self.message, self.kind, self.peer = message, kind, peer
 
 
-class MemoryTransport:
+class MemoryTransport(GatherOverPost):
     """One rank's end of an in-process group; make all ranks' ends with ``group(size)``.
 
     >>> a, b = MemoryTransport.group(2)
@@ -92,20 +93,13 @@ class MemoryTransport:
         return _Handle(self._network.post((peer, self.rank, tag), target=tensor), "recv", peer)
 
     def post(self, ops):
-        return [self.send(t, p, tag) if kind == "send" else self.recv(t, p, tag) for kind, t, p, tag in ops]
+        return post_each(self, ops)
 
     def wait(self, pending, deadline):
         for h in pending:
             if not h.message.done.wait(max(0.0, deadline - time.monotonic())):
                 raise PeerError(f"rank {self.rank}: {'receive from' if h.kind == 'recv' else 'send to'} rank "
                                 f"{h.peer} did not answer before the timeout", peer=h.peer, op=h.kind)
-
-    def gather(self, data, deadline, tag=0):
-        out = [data if r == self.rank else torch.empty_like(data) for r in range(self.size)]
-        peers = [r for r in range(self.size) if r != self.rank]
-        key = (1 << 40) + tag
-        self.wait([self.recv(out[r], r, key) for r in peers] + [self.send(data, r, key) for r in peers], deadline)
-        return out
 
     def close(self):
         pass

@@ -34,6 +34,7 @@ import threading
 import time
 
 from ...errors import ConfigError, PeerError
+from .base import GatherOverPost
 from .distributed import DistributedTransport, Pending
 from .shm import SharedGroup, host_group
 
@@ -99,7 +100,7 @@ class _Remote:
         self.error: Exception | None = None
 
 
-class MixedTransport:
+class MixedTransport(GatherOverPost):
     """The transport protocol over a group spanning hosts: shared memory to the ranks of this
     rank's host, torch.distributed (Gloo) to the others. A rank alone on its host (or whose
     host could not share a segment) uses Gloo to every peer. ``timeout``: how long a watcher
@@ -214,16 +215,6 @@ class MixedTransport:
             target.add_(handle.tensor)
         else:
             self._local(self.shared.reduce_from, handle, target, deadline)
-
-    def gather(self, data, deadline, tag=0):
-        """Every rank's ``data`` (same-size bytes), by rank."""
-        from .distributed import GATHER_TAG
-
-        out = [data if r == self.rank else data.new_empty(data.shape) for r in range(self.size)]
-        peers = [r for r in range(self.size) if r != self.rank]
-        self.wait(self.post([("recv", out[r], r, GATHER_TAG + tag) for r in peers]
-                            + [("send", data, r, GATHER_TAG + tag) for r in peers]), deadline)
-        return out
 
     def close(self):
         self.engine.close()

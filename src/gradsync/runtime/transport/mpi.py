@@ -10,7 +10,7 @@ import time
 import torch
 
 from ...errors import PeerError
-from . import post_each
+from .base import post_each
 
 
 def _comm(comm):
@@ -59,7 +59,8 @@ class MpiTransport:
 
     def gather(self, data: torch.Tensor, deadline: float, tag: int = 0) -> list[torch.Tensor]:
         """Every rank's ``data`` (same-size bytes), by rank: an Allgather, without pickling
-        (MPI orders collectives itself, so ``tag`` is not needed)."""
+        (MPI orders collectives itself, so ``tag`` is not needed), not the messages of
+        ``base.GatherOverPost``: one MPI call."""
         every = torch.empty((self.size, data.numel()), dtype=data.dtype)
         self.comm.Allgather(self._buffer(data), self._buffer(every))
         return list(every)

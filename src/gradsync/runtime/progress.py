@@ -1,0 +1,98 @@
+"""Progress engines: one thread per process group runs the group's collectives in order.
+
+Collectives run one after another, in the order they were started, on one progress thread per
+process group, so the caller's thread (a DDP backward pass) goes on while the data moves; a
+blocking call with nothing queued runs in the caller's own thread instead, saving the
+hand-over. As with torch.distributed, every rank starts its collectives in the same order, from
+one thread: two threads of a rank starting collectives at once could run them at the same
+time, and equal descriptions post equal tags.
+
+Each group's engine is kept in the group's state (``runtime.state``), which bounds how many
+groups a process keeps; an engine dropped there stops its thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+from .state import group_state
+
+_STOP = object()
+
+
+class Progress:
+    """One group's progress thread: runs its queued collectives in order, completing their
+    futures. ``running`` is held by whoever runs one of the group's collectives (this thread,
+    or a caller running one inline), so two never run at once.
+
+    Example: ``Progress().submit(job, torch.futures.Future())`` runs ``job.complete(future)``
+    on the engine's thread.
+    """
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._busy = 0                 # queued or running
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.running = threading.RLock()
+
+    def idle(self) -> bool:
+        return self._busy == 0
+
+    def busy(self) -> bool:
+        """Whether a collective is queued or running (the group state keeps a busy group)."""
+        return self._busy > 0
+
+    def on_thread(self) -> bool:
+        """Whether the caller is this progress thread (a future's callback, run on completion)."""
+        return threading.current_thread() is self._thread
+
+    def submit(self, job, future: torch.futures.Future) -> None:
+        with self._lock:
+            self._busy += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
+                self._thread.start()
+        self._queue.put((job, future))
+
+    def close(self) -> None:
+        """Stop the thread once its queue is done (the group was dropped from the state)."""
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put((_STOP, None))
+
+    def _loop(self):
+        while True:
+            job, future = self._queue.get()
+            if job is _STOP:
+                return
+            try:
+                with self.running:
+                    job.complete(future)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+
+def progress_for(transport) -> Progress:
+    """The progress engine of ``transport``'s group (its ``group_key``), made on first use."""
+    return group_state(transport.group_key).slot("progress", Progress)
+
+
+def start(job, transport, inline: bool = False) -> torch.futures.Future:
+    """Run ``job`` (anything with ``complete(future)``) on ``transport``'s progress engine, in
+    start order with the group's other collectives; return the future ``job`` completes.
+    ``inline``: in this thread when nothing is queued (and always from the engine's own thread:
+    a callback's call runs after the current one). Example: ``start(collective, transport).wait()``.
+    """
+    future = torch.futures.Future()
+    engine = progress_for(transport)
+    if engine.on_thread() or (inline and engine.idle()):
+        with engine.running:
+            job.complete(future)
+    else:
+        engine.submit(job, future)
+    return future
