@@ -5,7 +5,7 @@ One worker's compute per step, on one thread as training workers run: compress, 
 what ``workers`` workers would send (the exchange itself moves nothing here), medians of
 ``repeats`` after a warm-up, as elements of float32 gradient per second and as a fraction of
 a float32 copy (``torch.Tensor.copy_``) timed just before it. Writes
-docs/compression_codecs.json.
+docs/results/compression_codecs.json.
 """
 
 import argparse
@@ -36,7 +36,7 @@ def main():
     for r in rows:
         print(f"{r['method']:<18} {r['elements_per_s'] * 4 / 1e9:>16.3f} {r['copy_elements_per_s'] * 4 / 1e9:>9.2f} "
               f"{r['of_copy']:>8.4f}")
-    (DOCS / "compression_codecs.json").write_text(json.dumps({"elements": args.elements, "workers": args.workers,
+    (DOCS / "results" / "compression_codecs.json").write_text(json.dumps({"elements": args.elements, "workers": args.workers,
                                                               "repeats": args.repeats, "rows": rows}, indent=1))
 
 

@@ -7,7 +7,7 @@ restarts it), then a whole machine (the first: agent and workers), which returns
 group training again, and from the machine's return to a full group training.
 
 Usage: python benchmarks/elastic_machines.py [--machines 2] [--per-node 2] [--link 1Gbit] [--launches 3]
-           [--out docs/elastic_machines_results.json]
+           [--out docs/results/elastic_machines_results.json]
 """
 
 import argparse
@@ -42,7 +42,7 @@ if __name__ == "__main__":
     parser.add_argument("--kill-every", type=float, default=5.0, help="seconds of training between kills")
     parser.add_argument("--rejoin-after", type=float, default=15.0)
     parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--out", default="docs/elastic_machines_results.json")
+    parser.add_argument("--out", default="docs/results/elastic_machines_results.json")
     args = parser.parse_args()
     cfg = TrainConfig(model="mlp", epochs=args.epochs, batch_size=32, timeout=10.0)
     runs = [launch(args, cfg) for _ in range(args.launches)]

@@ -3,7 +3,7 @@
 final accuracy, steps, restarts and wall time, and check every recovery's replica agreement.
 
 Usage: python benchmarks/elastic_training.py [--workers 4] [--kill-every 30] [--rejoin-after 10] [--epochs 60]
-           [--out docs/elastic_results.json]
+           [--out docs/results/elastic_results.json]
 """
 
 import argparse
@@ -31,7 +31,7 @@ if __name__ == "__main__":
     parser.add_argument("--rejoin-after", type=float, default=10.0,
                         help="seconds before the replacement starts (the survivors train alone meanwhile)")
     parser.add_argument("--epochs", type=int, default=60)
-    parser.add_argument("--out", default="docs/elastic_results.json")
+    parser.add_argument("--out", default="docs/results/elastic_results.json")
     args = parser.parse_args()
     # batch 16 makes 89 steps an epoch: the CNN then trains for about 1.5 minutes on 2 cores
     cfg = TrainConfig(model="cnn", epochs=args.epochs, batch_size=16, lr=0.01, timeout=10.0)

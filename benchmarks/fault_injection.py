@@ -3,7 +3,7 @@ all-reduces, over many trials, algorithms and worker counts (3-6); record hangs,
 results, survivors naming the victim, and detection-time percentiles.
 
 Usage: python benchmarks/fault_injection.py [--trials 200] [--timeout 3] [--transport gloo|shm]
-                                           [--out docs/faults_results.json]
+                                           [--out docs/results/faults_results.json]
 """
 
 import argparse
@@ -18,7 +18,7 @@ if __name__ == "__main__":
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--transport", default="gloo", choices=["gloo", "shm"])
-    parser.add_argument("--out", default="docs/faults_results.json")
+    parser.add_argument("--out", default="docs/results/faults_results.json")
     args = parser.parse_args()
     result = campaign(args.trials, args.timeout, args.seed, transport=args.transport)
     print(json.dumps(result["summary"], indent=1))

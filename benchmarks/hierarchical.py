@@ -13,7 +13,7 @@ for the same layout (lowbw-cluster with M servers of L GPUs, the same network li
 printed beside.
 
 Usage (root): python benchmarks/hierarchical.py [--machines 2 4] [--per-node 2] [--launches 3]
-              [--bandwidth 1Gbit] [--mb 64] [--out docs/hierarchical_results.json]
+              [--bandwidth 1Gbit] [--mb 64] [--out docs/results/hierarchical_results.json]
 """
 
 import argparse
@@ -80,7 +80,7 @@ def main():
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--bandwidth", default="1Gbit")
     parser.add_argument("--mb", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=Path("docs/hierarchical_results.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/hierarchical_results.json"))
     args = parser.parse_args()
     nbytes = args.mb * 2 ** 20
     rows = []

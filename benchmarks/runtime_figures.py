@@ -1,7 +1,7 @@
 """The runtime's figures on this machine: busbw against Gloo's own all-reduce, prediction error
 after calibration, bucketing gain, and per-collective overhead at 4 KB.
 
-Usage: python benchmarks/runtime_figures.py [--workers 2,4] [--out docs/runtime_results.json]
+Usage: python benchmarks/runtime_figures.py [--workers 2,4] [--out docs/results/runtime_results.json]
 Each worker count: calibrate, bench every algorithm with the calibrated predictions, bench
 ring against Gloo's all-reduce in --launches separate runs (medians of their ratios), then
 2,000 gradients of 4 KB synchronized one by one and in buckets.
@@ -84,7 +84,7 @@ def gradsync_cli(*args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="2,4")
-    parser.add_argument("--out", default="docs/runtime_results.json")
+    parser.add_argument("--out", default="docs/results/runtime_results.json")
     parser.add_argument("--launches", type=int, default=3, help="separate ring-against-native bench runs")
     parser.add_argument("--tables", metavar="JSON", help="only print the markdown tables of an earlier run")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """gradsync's ring over shared memory against Gloo's all_reduce (and MPI's Allreduce), by time.
 
 Usage: python benchmarks/shm_vs_gloo.py [--workers 2,4] [--launches 3] [--sizes 4KB,1MB,16MB,64MB]
-                                        [--no-mpi] [--out docs/shm_results.json]
+                                        [--no-mpi] [--out docs/results/shm_results.json]
 
 Each launch is one ``gradsync bench --algorithms ring --transport shm`` run: a fresh group of
 local processes in which bench times Gloo's own all_reduce (its ``native`` row) and gradsync's

@@ -2,7 +2,7 @@
 including writing its timeline.
 
 Usage: python benchmarks/simulate_scaling.py [--workers 256,1024,4096] [--sizes 1GiB,1GB]
-           [--full-up-to 1024] [--json-up-to 256] [--repeats 3] [--out docs/simulator_scaling.json]
+           [--full-up-to 1024] [--json-up-to 256] [--repeats 3] [--out docs/results/simulator_scaling.json]
 
 Each run is a fresh subprocess, so that its peak memory (ru_maxrss) is its own. Per worker
 count: the schedule build, the simulation, and writing the timeline as .npz (the CLI's

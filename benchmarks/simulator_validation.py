@@ -2,7 +2,7 @@
 in another, and compare each measured time with the simulator's prediction.
 
 Usage: python benchmarks/simulator_validation.py [--workers 2,4] [--sizes 4KB,64KB,1MB,4MB,16MB,64MB]
-           [--repeats 10] [--iters K] [--out docs/simulator_validation.json] [--link-bandwidth 100Mbit]
+           [--repeats 10] [--iters K] [--out docs/results/simulator_validation.json] [--link-bandwidth 100Mbit]
        python benchmarks/simulator_validation.py --repredict FILE     (the current model on stored measurements)
 
 Per worker count N: ``gradsync calibrate --workers N --launches 1`` (its own process group, on

@@ -1,7 +1,7 @@
 """What tracing costs: a ring all-reduce with ``trace=`` against the same call without, at 4 KB and
 16 MB, in the same processes.
 
-Usage: python benchmarks/trace_overhead.py [--workers 2] [--launches 3] [--out docs/trace_overhead.json]
+Usage: python benchmarks/trace_overhead.py [--workers 2] [--launches 3] [--out docs/results/trace_overhead.json]
 
 Traced and untraced calls take turns in blocks of back-to-back calls (``bench.time_in_blocks``,
 as ``gradsync bench`` times), so the machine's slow and fast moments fall on both alike; each

@@ -2,7 +2,7 @@
 schedule, on loopback (topology from ``calibrate``) and, as root, on emulated 100 Mbit/s links
 (the ethernet preset at 100 Mbit/s, 50 us, as ``gradsync bench --link-bandwidth`` predicts).
 
-Usage: python benchmarks/trace_vs_simulation.py [--workers 4] [--links 100Mbit] [--out docs/trace_vs_simulation.json]
+Usage: python benchmarks/trace_vs_simulation.py [--workers 4] [--links 100Mbit] [--out docs/results/trace_vs_simulation.json]
 
 For each algorithm and size: the per-round median over ranks and calls of the measured round
 slices (``gradsync trace compare``), the simulator's round slices, the median over rounds of

@@ -1,7 +1,7 @@
 """CERAR's headline, repeated: CERAR (c = 2N) against ring on 100 Mbit/s emulated links,
 N = 4, 16M float32 elements, plus a few sweep points re-measured with the current executor.
 
-Usage (root): python experiments/cerar_headline.py [--repeats 3] [--out docs/cerar_headline.json]
+Usage (root): python experiments/cerar_headline.py [--repeats 3] [--out docs/results/cerar_headline.json]
 """
 
 import argparse
@@ -15,7 +15,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-points", action="store_true", help="the headline only")
-    parser.add_argument("--out", default="docs/cerar_headline.json")
+    parser.add_argument("--out", default="docs/results/cerar_headline.json")
     args = parser.parse_args()
     headline = [speedups("100Mbit", [(4, 16 << 20, 8)], 3)[0] for _ in range(args.repeats)]
     points = [] if args.no_points else speedups("100Mbit", [(4, 4 << 20, 8), (4, 64 << 20, 4), (4, 64 << 20, 8),

@@ -192,7 +192,7 @@ def main():
               "The host strategy's helper runs in rank 0's process here, so its 'host link' is rank 0's.", ""]
     lines += ["", "![strategies measured and simulated](figures/strategies_100mbit.png)", ""]
     _figures(sweep, bench)
-    (DOCS / "experiments_results.json").write_text(json.dumps({"headline": [headline, tuned], "sweep": sweep,
+    (DOCS / "results" / "experiments_results.json").write_text(json.dumps({"headline": [headline, tuned], "sweep": sweep,
                                                                "fast": fast, "strategies": bench}, indent=1))
     (DOCS / "experiments.md").write_text("\n".join(lines))
     print("\n".join(lines))

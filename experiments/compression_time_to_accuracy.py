@@ -20,7 +20,7 @@ method), so the slowest worker changes from step to step.
 Usage (root for --link): python experiments/compression_time_to_accuracy.py [--link 100Mbit]
     [--workers 4] [--epochs 10] [--seeds 0,1,2] [--model cnn|wide] [--methods ring,fp16,...]
     [--straggler link:RATE|sleep:MS|random:MS] [--report]
-Writes docs/compression_results.json (merged by link, workers and seed), the figures
+Writes docs/results/compression_results.json (merged by link, workers and seed), the figures
 docs/figures/compression_tta_<link>_n<N>.png, and the section of docs/experiments.md between
 its markers.
 """
@@ -44,7 +44,7 @@ from gradsync.torch import comm_hook
 from gradsync.training import data, models
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-RESULTS = DOCS / "compression_results.json"
+RESULTS = DOCS / "results" / "compression_results.json"
 EVAL_EVERY = 10
 TARGET = 0.95
 LR = 0.05

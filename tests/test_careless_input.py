@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gradsync
-from gradsync import cli
+from gradsync.cli import common as cli     # main, the limits and the helpers the tests call
 from gradsync.errors import GradsyncError
 from gradsync.model.simulate import simulate
 from gradsync.model.topology import preset

@@ -35,7 +35,7 @@ import numpy as np
 from .schedule import CODED, COPY, REDUCE, Schedule
 
 HOST_RANK = 0           # the process that runs helper nodes (the host CPU beside worker 0)
-PIECE_BYTES = int(os.environ.get("GRADSYNC_PIECE_BYTES", 4 << 20))   # pieces of at least this ...
+PIECE_BYTES = 4 << 20         # pieces of at least this (GRADSYNC_PIECE_BYTES, read at each compile, instead) ...
 CODED_PIECE_BYTES = 1 << 20   # ... or this for coded packets, whose encoding each piece overlaps
 PIECES = 8              # ... and at most this many: each message costs the engine a rendezvous
 MAX_PIECES = 64         # tags are transfer index * MAX_PIECES + piece
@@ -110,8 +110,9 @@ def piece_bounds(count: int, piece: int) -> list[tuple[int, int]]:
 
 
 def piece_elements(itemsize: int) -> int:
-    """The least piece of exact transfers, in elements of ``itemsize`` bytes (PIECE_BYTES of them)."""
-    return max(1, PIECE_BYTES // itemsize)
+    """The least piece of exact transfers, in elements of ``itemsize`` bytes (PIECE_BYTES of them,
+    or GRADSYNC_PIECE_BYTES when set)."""
+    return max(1, int(os.environ.get("GRADSYNC_PIECE_BYTES", PIECE_BYTES)) // itemsize)
 
 
 def _overlaps(a: Piece, b: Piece) -> bool:
@@ -143,6 +144,32 @@ def compile_plan(schedule: Schedule, rank: int, itemsize: int, ops: tuple = (RED
     """
     coded_piece = max(1, CODED_PIECE_BYTES // itemsize) if piece is None else piece
     piece = piece_elements(itemsize) if piece is None else piece
+    sends, receives, local_rounds = _pieces(schedule, rank, ops, piece, coded_piece)
+    keys, step_sends, applies = _steps(sends, receives, local_rounds)
+    after_sends = tuple(tuple(k for k, s in enumerate(sends) if s.round <= r.round and _overlaps(r, s))
+                        for r in receives)
+    posted_at, waits = _post_points(receives, sends, keys, step_sends, applies, local_rounds, after_sends)
+    applied_at = [next((n for n, a in enumerate(applies) if a > j), len(keys)) for j in range(len(receives))]
+    receives = _allocate_scratch(receives, posted_at, applied_at)
+    last_of_round = {rnd: n for n, (rnd, _) in enumerate(keys)}
+    steps = tuple(Step(rnd, int(applies[n]), tuple(sorted(waits.get(n, ()))), tuple(step_sends[n]),
+                       tuple(j for j, p in enumerate(posted_at) if p == n),
+                       tuple(local_rounds.get(rnd, ())) if last_of_round[rnd] == n else ())
+                  for n, (rnd, _) in enumerate(keys))
+    plan = Plan(rank, tuple(sends), tuple(receives), after_sends,
+                tuple(j for j, p in enumerate(posted_at) if p == -1), steps,
+                tuple(sorted(waits.get(len(keys), ()))),
+                tuple(j for j, p in enumerate(posted_at) if p == len(keys)),
+                max((r.scratch + r.count for r in receives if r.scratch >= 0), default=0),
+                int(len(schedule.transfers) * MAX_PIECES).bit_length())
+    check(plan, applied_at)
+    return plan
+
+
+def _pieces(schedule: Schedule, rank: int, ops: tuple, piece: int,
+            coded_piece: int) -> tuple[list[Piece], list[Piece], dict[int, list[Local]]]:
+    """This rank's ``ops`` transfers, in schedule order by round: the sends and the receives cut
+    into pieces (receives in plan order), and the in-memory transfers by round."""
     t = schedule.transfers
     src, dst = rank_of(schedule, t["src"]), rank_of(schedule, t["dst"])
     chosen = np.isin(t["op"], ops)
@@ -156,7 +183,12 @@ def compile_plan(schedule: Schedule, rank: int, itemsize: int, ops: tuple = (RED
     for i in locals_.tolist():
         local_rounds.setdefault(int(t["round"][i]), []).append(
             Local(int(t["src"][i]), int(t["dst"][i]), int(t["offset"][i]), int(t["count"][i]), int(t["op"][i])))
+    return sends, receives, local_rounds
 
+
+def _steps(sends: list[Piece], receives: list[Piece], local_rounds: dict[int, list[Local]]):
+    """The steps' keys (round, piece position), each step's sends, and how many receives (in plan
+    order) each step has applied before its sends."""
     # Steps: one per (round, piece position) with sends, plus one per round with only local work.
     keys = sorted({(s.round, s.position) for s in sends} | {(r, 0) for r in local_rounds})
     step_of = {key: n for n, key in enumerate(keys)}
@@ -176,25 +208,7 @@ def compile_plan(schedule: Schedule, rank: int, itemsize: int, ops: tuple = (RED
             elif r.round == rnd - 1 and r.op == CODED and r.position <= keys[n][1]:
                 needed[n] = max(needed[n], j + 1)     # a packet is computed from the last one received
     applies = list(np.maximum.accumulate(needed)) if keys else []
-
-    after_sends = tuple(tuple(k for k, s in enumerate(sends) if s.round <= r.round and _overlaps(r, s))
-                        for r in receives)
-    posted_at, waits = _post_points(receives, sends, keys, step_sends, applies, local_rounds, after_sends)
-    applied_at = [next((n for n, a in enumerate(applies) if a > j), len(keys)) for j in range(len(receives))]
-    receives = _allocate_scratch(receives, posted_at, applied_at)
-    last_of_round = {rnd: n for n, (rnd, _) in enumerate(keys)}
-    steps = tuple(Step(rnd, int(applies[n]), tuple(sorted(waits.get(n, ()))), tuple(step_sends[n]),
-                       tuple(j for j, p in enumerate(posted_at) if p == n),
-                       tuple(local_rounds.get(rnd, ())) if last_of_round[rnd] == n else ())
-                  for n, (rnd, _) in enumerate(keys))
-    plan = Plan(rank, tuple(sends), tuple(receives), after_sends,
-                tuple(j for j, p in enumerate(posted_at) if p == -1), steps,
-                tuple(sorted(waits.get(len(keys), ()))),
-                tuple(j for j, p in enumerate(posted_at) if p == len(keys)),
-                max((r.scratch + r.count for r in receives if r.scratch >= 0), default=0),
-                int(len(t) * MAX_PIECES).bit_length())
-    check(plan, applied_at)
-    return plan
+    return keys, step_sends, applies
 
 
 def _post_points(receives, sends, keys, step_sends, applies, local_rounds, after_sends):

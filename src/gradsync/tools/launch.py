@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 from .. import algorithms
 from ..errors import ConfigError, GradsyncError
+from ..runtime import flight
 
 LOOPBACK = "127.0.0.1"
 
@@ -57,6 +58,7 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     # workers per machine, as torchrun says it: what hierarchical algorithms group by
     os.environ["LOCAL_WORLD_SIZE"] = str(network.per_node if network is not None else workers)
+    flight.watch_signal()                     # SIGUSR1 writes the flight record from the start (GRADSYNC_FLIGHT_DIR)
     try:
         algorithms.load_external(external)    # a spawned process sees only gradsync's own algorithms
         dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
@@ -138,6 +140,7 @@ def as_launched(fn, *args, timeout: float = 300.0):
     os.environ.setdefault("RANK", str(job["rank"]))
     os.environ.setdefault("WORLD_SIZE", str(job["world"]))
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(job["local"]))
+    flight.watch_signal()
     dist.init_process_group("gloo", init_method="env://", rank=job["rank"], world_size=job["world"],
                             timeout=datetime.timedelta(seconds=timeout))
     try:
@@ -178,28 +181,8 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
     with _one_openmp_thread():
         for p in procs:
             p.start()
-    out, errors, done = [None] * workers, {}, set()
-    deadline = time.monotonic() + timeout + 30
     try:
-        while len(done) < workers and time.monotonic() < deadline:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-            except queue_module.Empty:
-                for r, p in enumerate(procs):   # a process gone without a word has died
-                    if r not in done and not p.is_alive() and results.empty():
-                        time.sleep(0.2)
-                        if results.empty():
-                            errors[r] = f"died with exit code {p.exitcode} before reporting"
-                            done.add(r)
-                continue
-            done.add(rank)
-            if status == "ok":
-                out[rank] = value
-            else:
-                errors[rank] = value
-        for r in range(workers):
-            if r not in done:
-                errors[r] = "no result before the timeout (the process hung)"
+        out, errors = _collect(procs, results, timeout)
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -211,3 +194,31 @@ def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, t
     for r, msg in errors.items():
         out[r] = GradsyncError(f"rank {r}: {msg}")
     return out
+
+
+def _collect(procs: list, results, timeout: float) -> tuple[list, dict[int, str]]:
+    """The workers' results by rank as they report them, and the errors of those that failed,
+    died without a word, or said nothing within ``timeout`` + 30 s."""
+    workers = len(procs)
+    out, errors, done = [None] * workers, {}, set()
+    deadline = time.monotonic() + timeout + 30
+    while len(done) < workers and time.monotonic() < deadline:
+        try:
+            rank, status, value = results.get(timeout=0.2)
+        except queue_module.Empty:
+            for r, p in enumerate(procs):   # a process gone without a word has died
+                if r not in done and not p.is_alive() and results.empty():
+                    time.sleep(0.2)
+                    if results.empty():
+                        errors[r] = f"died with exit code {p.exitcode} before reporting"
+                        done.add(r)
+            continue
+        done.add(rank)
+        if status == "ok":
+            out[rank] = value
+        else:
+            errors[rank] = value
+    for r in range(workers):
+        if r not in done:
+            errors[r] = "no result before the timeout (the process hung)"
+    return out, errors

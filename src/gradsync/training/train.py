@@ -20,7 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .. import algorithms
 from ..errors import ConfigError, NonFiniteError
-from ..runtime import api
+from ..runtime.compile import compiled, frozen, pick
 from ..tools.progress_bar import bar as progress_bar
 from ..tools.launch import as_launched, launched, run
 from ..integrations.ddp import comm_hook
@@ -100,7 +100,7 @@ class SyncMeter:
             self.measure_s += time.perf_counter() - t0
         algorithm, options = self.cfg.algorithm, self.cfg.options()
         if algorithm == "auto":
-            algorithm, options = api.pick(tensor, self.workers)
+            algorithm, options = pick(tensor, self.workers)
         dtype = str(tensor.dtype).removeprefix("torch.")
         if tensor.numel() not in self._sent:
             self._sent[tensor.numel()] = self._bytes_sent(algorithm, options, tensor.numel(), dtype, tensor.element_size())
@@ -121,7 +121,7 @@ class SyncMeter:
     def _bytes_sent(self, algorithm, options, elements, dtype, itemsize) -> int:
         """Bytes this worker sends for a bucket, counted from the schedules (the codec's, if any)."""
         if self.cfg.compression is None:
-            schedule = api.compiled(algorithm, self.workers, elements, dtype, api.frozen(options), self.rank).schedule
+            schedule = compiled(algorithm, self.workers, elements, dtype, frozen(options), self.rank).schedule
             return int(schedule.elements_sent()[self.rank]) * itemsize
         from ..tools.codec_predict import ITEMSIZE, wire_schedules
         return sum(int(s.elements_sent()[self.rank]) * ITEMSIZE[d]

@@ -119,6 +119,14 @@ def create_app() -> FastAPI:
     app = FastAPI(title="gradsync", docs_url=None, redoc_url=None, openapi_url="/api/openapi.json")
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    _answer_errors(app)
+    _serve_page(app)
+    _serve_api(app)
+    return app
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Bad input is a 400, work still running a 202, a malformed request a 422: never a 500."""
 
     @app.exception_handler(GradsyncError)
     async def bad_input(request: Request, exc: GradsyncError):
@@ -135,6 +143,10 @@ def create_app() -> FastAPI:
         parts = [f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors()[:5]]
         return JSONResponse({"detail": "; ".join(parts)}, status_code=422)
 
+
+def _serve_page(app: FastAPI) -> None:
+    """The page and its static files."""
+
     @app.get("/", response_class=HTMLResponse)
     def page():
         return resources.files("gradsync.web").joinpath("static/index.html").read_text()
@@ -144,6 +156,10 @@ def create_app() -> FastAPI:
         if name not in STATIC:
             raise HTTPException(404, f"no static file {name!r}")
         return Response(resources.files("gradsync.web").joinpath(f"static/{name}").read_text(), media_type=STATIC[name])
+
+
+def _serve_api(app: FastAPI) -> None:
+    """The JSON API of the module docstring."""
 
     @app.get("/api/presets")
     def presets():
@@ -174,5 +190,3 @@ def create_app() -> FastAPI:
                 algorithm: str | None = Query(None, max_length=40)):
         chosen = None if algorithm is None else (algorithms.get(algorithm).name,)
         return _json(view.comparison(_size(size), topology, bandwidth or None, latency or None, components, eps, chosen))
-
-    return app

@@ -2,7 +2,7 @@
 
 The page never re-implements an algorithm: it draws the simulator's timeline, the symbolic
 executor's count of inputs each packet carries, and the outcome of a device failure worked
-out here from the same timeline.
+out from the same timeline (``failures``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from ..core.schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, inter
 from ..model.simulate import SimResult, simulate
 from ..model.topology import Link, Topology, preset
 from ..model.topology.presets import pcie_switch
+from ..tools.report import bus_bandwidth
 from ..units import parse_bandwidth, parse_size, parse_time
+from .failures import failure
 from .layout import layout
 
 MAX_TRANSFERS = 60_000        # keeps every request's work and response bounded
@@ -132,33 +134,6 @@ def chunk_cuts(schedule) -> list[int]:
     return cuts.tolist()
 
 
-def failure(result: SimResult, device: int, at: float) -> dict:
-    """Which transfers complete when worker ``device`` dies at time ``at``, and when and how
-    each other node stops: a transfer completes only if both ends are alive until it is done;
-    a node waiting for one that cannot stops then, reporting the failed rank (as the
-    runtime's PeerError does)."""
-    t = result.schedule.transfers
-    blocked = {device: at}
-    changed = True
-    while changed:
-        changed = False
-        for i in np.argsort(result.start, kind="stable"):
-            s, d = int(t["src"][i]), int(t["dst"][i])
-            stop = min(blocked.get(s, math.inf), blocked.get(d, math.inf))
-            if result.done[i] <= stop:
-                continue
-            when = max(result.start[i], stop)
-            for node in (s, d):
-                if blocked.get(node, math.inf) > when:
-                    blocked[node] = when
-                    changed = True
-    completed = [bool(result.done[i] <= min(blocked.get(int(t["src"][i]), math.inf),
-                                             blocked.get(int(t["dst"][i]), math.inf))) for i in range(len(t))]
-    stopped = [{"node": n, "at_s": float(w), "message": "failed" if n == device else
-                f"PeerError: rank {device} failed; collective abandoned"} for n, w in sorted(blocked.items())]
-    return {"device": device, "at_s": at, "completed": completed, "stopped": stopped}
-
-
 def _options(algorithm: str, topo: Topology, n: int, nbytes: int, components, eps) -> dict:
     takes = algorithms.get(algorithm).options
     options = default_options(algorithm, topo, n)
@@ -262,38 +237,24 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     n = len(topo.workers)
     nbytes = parse_size(size)
     spec = algorithms.get(algorithm)
-    if compression is None:
-        schedule, itemsize, label = _build(algorithm, topo, n, nbytes, components, eps), 4, None
-    else:
-        schedule, itemsize, label = _compressed(algorithm, topo, n, nbytes, compression, components, eps)
+    schedule, itemsize, label = _schedule_for(algorithm, topo, n, nbytes, compression, components, eps)
     result = simulate(schedule, topo, itemsize)
     t = schedule.transfers
     names = [nd.name for nd in topo.nodes]
     placed = [names[i] for i in result.placement]
-    # each distinct route once: a ring of 64 has 8064 transfers but 64 routes
-    pairs, route = np.unique(t["src"].astype(np.int64) * len(placed) + t["dst"], return_inverse=True)
-    routes = [topo.route_nodes(placed[p // len(placed)], placed[p % len(placed)]) for p in pairs.tolist()]
-    pos, bends = layout(topology, topo)
+    route, routes = _routes(topo, t, placed)
+    drawing = _drawing(topology, topo, result)
     cuts = chunk_cuts(schedule)
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
               if key in spec.phases}
     estimate = _estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
-    busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
-            for k, l in enumerate(topo.links)]
     out = {
         "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
-        "topology": {
-            "name": topo.name, "preset": topology, "description": topo.description,
-            "fixed_workers": fixed_workers(topology),
-            "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y} for nd, (x, y) in zip(topo.nodes, pos)],
-            "links": [{"a": topo.index[l.a], "b": topo.index[l.b], "bandwidth": l.bandwidth, "latency": l.latency,
-                       "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1]),
-                       "busy_s": busy[k], "bend": bends[k]}
-                      for k, l in enumerate(topo.links)]},
+        "topology": drawing,
         "workers": n, "bytes": nbytes, "elements": schedule.elements, "time_s": result.time, "rounds": schedule.rounds,
         "options": {k: v for k, v in schedule.options.items()
                     if k in ("segments", "components", "eps", "local_size", "inter")},
-        "busbw_GBps": (nbytes / result.time) * 2 * (n - 1) / n / 1e9 if result.time > 0 else 0.0,
+        "busbw_GBps": bus_bandwidth(nbytes, result.time, n) / 1e9,
         "error": estimate["error"] if estimate else None, "estimate": estimate,
         "placement": result.placement.tolist(), "cells": cuts,
         "narration": narrate(schedule, cuts, [placed[i] for i in range(len(placed))], phases),
@@ -317,16 +278,46 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     return out
 
 
+def _schedule_for(algorithm: str, topo: Topology, n: int, nbytes: int, compression, components,
+                  eps) -> tuple[Schedule, int, str | None]:
+    """The schedule the view draws, its bytes per element, and the codec's label (None without
+    ``compression``)."""
+    if compression is None:
+        return _build(algorithm, topo, n, nbytes, components, eps), 4, None
+    return _compressed(algorithm, topo, n, nbytes, compression, components, eps)
+
+
+def _routes(topo: Topology, t: np.ndarray, placed: list[str]) -> tuple[np.ndarray, list]:
+    """Each transfer's index into the routes, and each distinct route's nodes."""
+    # each distinct route once: a ring of 64 has 8064 transfers but 64 routes
+    pairs, route = np.unique(t["src"].astype(np.int64) * len(placed) + t["dst"], return_inverse=True)
+    routes = [topo.route_nodes(placed[p // len(placed)], placed[p % len(placed)]) for p in pairs.tolist()]
+    return route, routes
+
+
+def _drawing(preset_name: str, topo: Topology, result: SimResult) -> dict:
+    """The topology as the page draws it: nodes where the layout puts them, and every link with
+    the bytes it carried and how long it was busy (its busier direction)."""
+    pos, bends = layout(preset_name, topo)
+    busy = [float(max(result.channel_bytes[2 * k], result.channel_bytes[2 * k + 1]) / l.bandwidth)
+            for k, l in enumerate(topo.links)]
+    return {
+        "name": topo.name, "preset": preset_name, "description": topo.description,
+        "fixed_workers": fixed_workers(preset_name),
+        "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y} for nd, (x, y) in zip(topo.nodes, pos)],
+        "links": [{"a": topo.index[l.a], "b": topo.index[l.b], "bandwidth": l.bandwidth, "latency": l.latency,
+                   "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1]),
+                   "busy_s": busy[k], "bend": bends[k]}
+                  for k, l in enumerate(topo.links)]}
+
+
 def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps, compression=None) -> dict:
     """The elastic restart: the N - 1 survivors form a new group and run the collective again."""
     if n - 1 < 2:
         return {"workers": n - 1, "time_s": None, "note": "one survivor has nothing to synchronize with"}
     topo = topology_for(topology, n - 1, bandwidth, latency)
     try:
-        if compression is None:
-            schedule, itemsize = _build(algorithm, topo, n - 1, nbytes, components, eps), 4
-        else:
-            schedule, itemsize, _ = _compressed(algorithm, topo, n - 1, nbytes, compression, components, eps)
+        schedule, itemsize, _ = _schedule_for(algorithm, topo, n - 1, nbytes, compression, components, eps)
     except ConfigError as e:
         return {"workers": n - 1, "time_s": None, "note": str(e)}
     return {"workers": n - 1, "time_s": simulate(schedule, topo, itemsize).time, "note": ""}

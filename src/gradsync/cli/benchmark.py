@@ -1,0 +1,302 @@
+"""``bench``: all-reduce timings between worker processes, per algorithm and size, like nccl-tests.
+
+It runs in steps, each a function: check the arguments, set the workers' environment (restored
+after), launch (local workers, mpirun, or as one rank of a launcher's job), predict each row
+with the simulator, and format.
+
+>>> with _environment({"GRADSYNC_EXAMPLE": "1"}):
+...     os.environ["GRADSYNC_EXAMPLE"]
+'1'
+>>> "GRADSYNC_EXAMPLE" in os.environ
+False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+import click
+
+from .common import (Size, _chosen, _codecs, _emit, _links, _png, _print_table, _sizes, _topology, _writable,
+                     _write_json, format_option, main)
+from .. import algorithms, dtypes
+from ..model.cost import default_options
+from ..model.simulate import simulate
+from ..units import format_size, format_time, parse_bandwidth
+
+
+def _check_bench_args(backend, transport, hostfile, link_bandwidth, trace_path, codec, plot) -> str:
+    """Refuse the options that do not combine, before anything starts; the backend to run on
+    (``--transport mpi`` is the mpi backend)."""
+    _png(plot)
+    if hostfile and backend != "mpi" and transport != "mpi":
+        raise click.BadParameter("a hostfile is for --backend mpi (torchrun and srun place ranks themselves)",
+                                 param_hint="'--hostfile'")
+    if transport == "mpi":
+        backend = "mpi"
+    elif backend == "mpi" and transport != "gloo":
+        raise click.BadParameter(f"--transport {transport} runs on the torch backend, not mpi",
+                                 param_hint="'--transport'")
+    if link_bandwidth and transport in ("shm", "auto"):
+        raise click.BadParameter(f"--transport {transport} bypasses the emulated links: use gloo with "
+                                 "--link-bandwidth", param_hint="'--transport'")
+    if trace_path:
+        _writable(trace_path, "--trace")
+        if codec is not None:
+            raise click.BadParameter("traces do not record compressed all-reduces yet", param_hint="'--trace'")
+        if backend == "mpi" or "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
+            raise click.BadParameter("traces are written for local workers on the torch backend, not under "
+                                     "mpirun or torchrun", param_hint="'--trace'")
+    return backend
+
+
+def _bench_options(chosen, components, codec, backend, dtype):
+    """Each algorithm's options (``--components``, ``--compression``) and the codec's label."""
+    options = {a: {"components": components} for a in chosen
+               if components and "components" in algorithms.get(a).options}
+    if codec is not None:
+        codec = _codecs([codec])[0]
+        if backend == "mpi" or dtype not in ("float32", "float64", "bfloat16"):
+            raise click.BadParameter(f"needs --backend torch and a float dtype, got {backend} and {dtype}",
+                                     param_hint="'--compression'")
+        for a in chosen:
+            options[a] = {**options.get(a, {}), "compression": codec}
+    return options, codec
+
+
+def _bench_environment(flight_dir) -> dict:
+    """The variables bench's workers inherit: ``_bench_environment("fl")`` names the flight
+    records' folder, absolute; none without ``--flight-dir``."""
+    return {"GRADSYNC_FLIGHT_DIR": os.path.abspath(flight_dir)} if flight_dir else {}
+
+
+@contextlib.contextmanager
+def _environment(changes):
+    """os.environ with ``changes`` set while the block runs (workers started in it inherit them),
+    then as it was."""
+    before = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _predictor(topology, chosen, options, dtype, workers):
+    """Bench's ``--topology``, resolved and placed for every algorithm before anything is launched."""
+    if topology is None:
+        return None
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # under torchrun, the group's size
+        workers = int(os.environ["WORLD_SIZE"])
+    topo = _topology(topology, workers)
+    for name in chosen:                                       # refuses e.g. 'host' on a topology without one
+        opts = {**default_options(name, topo, workers), **options.get(name, {})}
+        opts.pop("compression", None)
+        simulate(algorithms.build(name, workers, 0, dtype=dtype, **opts), topo, dtypes.itemsize(dtype))
+    return topo
+
+
+def _launch(backend, engine, workers, args, timeout, hostfile, link_bandwidth, trace_path):
+    """Run the benchmark where the options and the environment say; (rows, where they ran, workers),
+    or None on a rank that does not report."""
+    from ..tools import bench as bench_mod
+    from ..tools.launch import as_launched, launched
+
+    if backend == "mpi" and "OMPI_COMM_WORLD_RANK" in os.environ:     # inside an mpirun (or its allocation)
+        if hostfile or link_bandwidth:
+            raise click.UsageError("under mpirun, bench --backend mpi runs on mpirun's ranks: drop --hostfile "
+                                   "and --link-bandwidth")
+        engine = bench_mod.MpiEngine()
+        workers = engine.comm.Get_size()
+        rows = bench_mod.worker(engine.comm.Get_rank(), workers, *args, engine=engine)
+        return None if rows is None else (rows, f"{workers} MPI ranks started by mpirun", workers)   # rank 0 reports
+    if backend == "mpi":
+        rows = _bench_mpi(workers, args, timeout, link_bandwidth, hostfile)
+        return rows, (f"{workers} MPI ranks (mpirun, hosts from {hostfile})" if hostfile
+                      else f"{workers} local MPI ranks (mpirun)"), workers
+    if launched() is not None:            # started by torchrun (mpirun, srun): be one rank of that job
+        rows, _, workers = as_launched(bench_mod.worker, *args, engine, timeout=timeout * 4 + 600)
+        if rows is None:
+            return None
+        return rows, f"{workers} ranks started by {launched()['launcher']}, Gloo", workers
+    rows = _bench_local(engine, workers, args, timeout, link_bandwidth, trace_path)
+    return rows, _transports_noted(_local_where(workers, link_bandwidth), rows), workers
+
+
+def _bench_local(engine, workers, args, timeout, link_bandwidth, trace_path):
+    """Run the benchmark on local worker processes (over emulated links when asked); the rows,
+    the trace written, each row's busbw beside the emulated link's limit."""
+    from ..tools import bench as bench_mod
+    from ..tools.launch import run
+
+    with _links(workers, link_bandwidth) as network:
+        results = run(bench_mod.worker, workers, *args, engine, bool(trace_path), timeout=timeout * 4 + 600,
+                      network=network)
+    rows = results[0]
+    if trace_path:
+        from ..tools.trace_files import merge
+        rows = results[0]["rows"]
+        _write_json(merge([r["trace"] for r in results]), trace_path, "--trace")
+    if link_bandwidth:
+        limit = parse_bandwidth(link_bandwidth)
+        for r in rows:
+            r["link_limit_GBps"] = limit / 1e9
+            r["busbw_of_limit"] = r["busbw_GBps"] * 1e9 / limit
+    return rows
+
+
+def _local_where(workers, link_bandwidth):
+    return (f"{workers} local workers on emulated {link_bandwidth} links (tc tbf)" if link_bandwidth
+            else f"{workers} local workers, Gloo over 127.0.0.1")
+
+
+def _transports_noted(where, rows):
+    """``where`` with the shared-memory rows named: gradsync's rows all over it, or the ring also."""
+    from ..tools.bench import NATIVE
+
+    used = {r["transport"] for r in rows if r["algorithm"] != NATIVE}
+    if used == {"shm"}:
+        return where + "; gradsync's rows over shared memory"
+    if "shm" in used:
+        return where + "; ring also over shared memory"
+    return where
+
+
+def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
+    """Run the benchmark under mpirun (Open MPI), which starts its processes: local ones, or on
+    the machines of ``hostfile`` (shared memory inside a machine, TCP across)."""
+    import shutil
+    import subprocess
+
+    if link_bandwidth:
+        raise click.BadParameter("slow links are emulated for the torch backend only", param_hint="'--backend'")
+    if shutil.which("mpirun") is None:
+        raise click.BadParameter("mpirun not found: install Open MPI (Debian: openmpi-bin) and mpi4py",
+                                 param_hint="'--backend'")
+    sizes, names, iters, dtype, _, options, _ = args
+    payload = json.dumps({"sizes": sizes, "names": names, "iters": iters, "dtype": dtype, "timeout": timeout,
+                          "options": options, "external": algorithms.external()})
+    where = ["--hostfile", hostfile, "--mca", "btl", "self,vader,tcp"] if hostfile else ["--mca", "btl", "self,vader"]
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none", *where,
+           sys.executable, "-m", "gradsync.tools.bench", payload]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout * 4 + 600)
+    if out.returncode != 0:
+        raise click.ClickException(f"mpirun failed ({out.returncode}): "
+                                   f"{(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _predict(rows, topo, options, codec, dtype, workers):
+    """Each row's time as the simulator predicts it on ``topo`` (a codec's row: its wire
+    simulated plus its compute) and the prediction's error against the measured time."""
+    from ..tools.bench import NATIVE
+
+    for r in rows:
+        name = "ring" if r["algorithm"] == NATIVE else r["algorithm"]
+        opts = {**default_options(name, topo, workers), **options.get(name, {})}
+        if opts.pop("compression", None) is not None and r["algorithm"] != NATIVE:
+            from ..tools.codec_predict import predict as predict_codec
+            r["predicted_s"] = predict_codec(codec, name, topo, r["count"], workers, opts)["time_s"]
+        else:
+            sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
+            r["predicted_s"] = simulate(sched, topo, dtypes.itemsize(dtype)).time
+        r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+
+
+def _render_bench(rows, where, dtype, predicted, trace_path, plot):
+    click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
+               f"slowest; busbw = algbw x 2(N-1)/N")
+    headers = ["size", "count", "algorithm", "transport", "time", "algbw", "busbw", "max error"]
+    if predicted:
+        headers += ["predicted", "pred. error"]
+    table = []
+    for r in rows:
+        line = [format_size(r["bytes"]), r["count"], r["algorithm"], r["transport"], format_time(r["time_s"]),
+                f"{r['algbw_GBps']:.3f} GB/s", f"{r['busbw_GBps']:.3f} GB/s", f"{r['max_error']:.2g}"]
+        if predicted:
+            line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
+        table.append(line)
+    _print_table(headers, table)
+    if trace_path:
+        click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
+    if plot:
+        click.echo(f"plot written to {plot}")
+
+
+@main.command()
+@click.option("--workers", "-n", type=click.IntRange(2, 64), default=4, show_default=True,
+              help="Local worker processes (Gloo over 127.0.0.1).")
+@click.option("--algorithms", "names", default=None,
+              help="Comma-separated algorithms (default: every one that takes the dtype; see 'gradsync list'); "
+                   "the engine's own all-reduce runs as 'native'.")
+@click.option("--sizes", default=None, help="Comma-separated message sizes (e.g. 4KB,1MB,64MB).")
+@click.option("--min-size", type=Size(), default="4KB", show_default=True)
+@click.option("--max-size", type=Size(), default="256MB", show_default=True)
+@click.option("--iters", type=click.IntRange(1, 10000), default=None, help="Timed iterations per row (default by size).")
+@click.option("--dtype", type=click.Choice(["float32", "float64", "bfloat16", "int32"]), default="float32",
+              show_default=True)
+@click.option("--components", "-c", type=click.IntRange(min=1), default=None,
+              help="Components, for the algorithms that take them (CERAR; default 2N).")
+@click.option("--backend", type=click.Choice(["torch", "mpi"]), default="torch", show_default=True)
+@click.option("--hostfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --backend mpi: Open MPI's hostfile, to start the ranks on several machines.")
+@click.option("--transport", type=click.Choice(["gloo", "mpi", "shm", "auto"]), default="gloo", show_default=True,
+              help="What gradsync's rows run over: Gloo point-to-point, MPI (as --backend mpi), shared memory "
+                   "(local workers), or auto (shared memory when the workers share a host).")
+@click.option("--timeout", type=click.FloatRange(0, 1e6, min_open=True), default=60.0, show_default=True,
+              help="Seconds before a stalled collective raises PeerError.")
+@click.option("--topology", "-t", default=None,
+              help="A topology (e.g. from 'gradsync calibrate') to print the simulator's prediction beside each row.")
+@click.option("--link-bandwidth", default=None,
+              help="Emulate slow links (e.g. 100Mbit): each worker in its own network namespace (root).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a Chrome trace of every gradsync collective (ui.perfetto.dev): a track per rank, "
+                   "slices per collective, round and transfer, clocks aligned.")
+@click.option("--flight-dir", type=click.Path(file_okay=False), default=None,
+              help="Where each rank writes its flight record on a failure or SIGUSR1 (read it with 'gradsync doctor').")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Draw busbw against size per algorithm (native included) to this PNG.")
+@click.option("--compression", "-z", "codec", default=None, metavar="CODEC",
+              help="Compress for every algorithm: fp16, bf16, powersgd:rank=4, topk:ratio=0.01 or sign "
+                   "(the native row stays uncompressed).")
+@format_option
+def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, hostfile, transport, timeout,
+          topology, link_bandwidth, trace_path, flight_dir, plot, codec, fmt):
+    """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
+    from ..tools import bench as bench_mod
+
+    backend = _check_bench_args(backend, transport, hostfile, link_bandwidth, trace_path, codec, plot)
+    # the default list over Gloo also shows shared memory where the ranks share a host
+    engine = bench_mod.TorchEngine(transport, shared_rows=names is None and transport == "gloo" and codec is None
+                                   and not (link_bandwidth or trace_path))
+    chosen = _chosen(names, dtype)
+    with _environment(_bench_environment(flight_dir)):
+        options, codec = _bench_options(chosen, components, codec, backend, dtype)
+        byte_sizes = _sizes(sizes, min_size, max_size, dtype)
+        topo = _predictor(topology, chosen, options, dtype, workers)
+        args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
+        ran = _launch(backend, engine, workers, args, timeout, hostfile, link_bandwidth, trace_path)
+    if ran is None:
+        return                            # rank 0 reports
+    rows, where, workers = ran
+    if topo is None and link_bandwidth and "RANK" not in os.environ:    # the emulated switch, as a topology
+        from ..model.topology import preset
+        topo = preset("ethernet", workers=workers, nic=link_bandwidth, latency="50us")
+    if topo is not None:
+        _predict(rows, topo, options, codec, dtype, workers)
+    if codec is not None:
+        for r in rows:
+            if r["algorithm"] != bench_mod.NATIVE:
+                r["algorithm"], r["compression"] = f"{r['algorithm']}+{codec}", codec
+    if plot:
+        from ..tools.plots import bench_plot
+        bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
+    _emit(fmt, rows, lambda rows: _render_bench(rows, where, dtype, topo is not None, trace_path, plot))
