@@ -17,7 +17,7 @@ LAYERS = [   # lowest first; a module may import its own layer and those below i
     ("coding", ["gradsync.coding"]),
     ("data model", ["gradsync.core", "gradsync.algorithms", "gradsync.compression"]),
     ("models of time", ["gradsync.model"]),
-    ("transports", ["gradsync.runtime.transport"]),
+    ("transports", ["gradsync.runtime.transport", "gradsync.runtime.state"]),
     ("runtime", ["gradsync.runtime"]),
     ("integrations and tools", ["gradsync.integrations", "gradsync.tools"]),
     ("applications", ["gradsync.training", "gradsync.web", "gradsync.cli", "gradsync.torch", "gradsync.__main__"]),
@@ -99,6 +99,32 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+MODULE_LINES, FUNCTION_LINES = 400, 60
+
+
+def too_big(path: Path) -> list[str]:
+    """What in ``path`` is too long to read in one sitting: the module, or any function."""
+    text = path.read_text()
+    out = [f"{path.name}: {len(text.splitlines())} lines"] if len(text.splitlines()) > MODULE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+            out.append(f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    return out
+
+
+def test_every_room_is_small_enough_to_read():
+    # the web page's script (web/static/) is not Python and not counted
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in too_big(path)]
+    assert not found, f"over {MODULE_LINES} lines a module or {FUNCTION_LINES} a function: " + "; ".join(found)
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
+    assert too_big(tmp_path / "long.py") == [f"long.py:1 long: {FUNCTION_LINES + 1} lines"]
+
+
 def test_the_checker_sees_a_climb_and_a_cycle(tmp_path):
     # the check itself can fail: a transport importing the api climbs, and api <-> collective is a cycle
     assert layer_of("gradsync.runtime.api") > layer_of("gradsync.runtime.transport.shm")
@@ -107,3 +133,20 @@ def test_the_checker_sees_a_climb_and_a_cycle(tmp_path):
     fake.write_text("from .collective import x\nfrom ..core import plan\n")
     assert imports_of("gradsync.runtime.api", fake, module_files()) == {"gradsync.runtime.collective",
                                                                          "gradsync.core.plan"}
+
+
+def test_all_reduce_reaches_the_wire_in_one_pass():
+    # api -> (request, transport, prepare) -> collective -> transport, with no call back into
+    # the api: before the re-layout api.py was entered five times on the way
+    from runtime_bodies import path_to_the_wire
+
+    from gradsync.tools.launch import run
+
+    calls = run(path_to_the_wire, 2)[0]
+    modules = [m for m, _ in calls]
+    api_calls = [f for m, f in calls if m == "gradsync.runtime.api"]
+    assert api_calls == ["all_reduce"], f"api.py entered again on the way to the wire: {api_calls}"
+    assert calls[-1][1] == "post" and modules[-1].startswith("gradsync.runtime.transport")
+    first = {m: modules.index(m) for m in modules}
+    assert first["gradsync.runtime.api"] < first["gradsync.runtime.request"] < first["gradsync.runtime.prepare"] \
+        < first["gradsync.runtime.collective"] < first["gradsync.runtime.exact"], first
