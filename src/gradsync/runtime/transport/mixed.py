@@ -57,12 +57,18 @@ class _Watchers:
         with self._lock:
             self._busy += 1
             if self._busy > self._threads and self._threads < self.limit:
+                if self._threads == 0:          # the first watcher: settle them at exit (see settle)
+                    atexit.register(self.settle, SETTLE_S)
                 self._threads += 1
                 threading.Thread(target=self._loop, name="gradsync-watcher", daemon=True).start()
         self._jobs.put(job)
 
     def settle(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` until no watcher is inside a wait; return whether none is."""
+        """Wait up to ``seconds`` until no watcher is inside a wait; return whether none is.
+        Run at exit once a watcher has started: a daemon thread still inside a Gloo wait when
+        the interpreter ends aborts the process ("terminate called without an active
+        exception"), and after a failure, operations with a live peer stay pending until the
+        group is destroyed or the watcher's timeout."""
         until = time.monotonic() + seconds
         while self._busy and time.monotonic() < until:
             time.sleep(0.01)
@@ -79,14 +85,6 @@ class _Watchers:
 
 
 WATCHERS = _Watchers()
-
-
-@atexit.register
-def _settle():
-    # A daemon thread still inside a Gloo wait when the interpreter ends aborts the process
-    # ("terminate called without an active exception"): after a failure, operations with a
-    # live peer stay pending until the group is destroyed or the watcher's timeout.
-    WATCHERS.settle(SETTLE_S)
 
 
 class _Remote:

@@ -11,6 +11,7 @@ is closed, and so is every group at exit.
 from __future__ import annotations
 
 import atexit
+import functools
 import datetime
 import os
 
@@ -74,6 +75,7 @@ def _setup(store, prefix: str, rank: int, size: int, timeout: float, ranks: list
     """Every rank of one host's part of a group (``ranks``: their ranks in the group; ``rank``
     and ``size`` local), together, under the store keys ``prefix``: one segment all can map?
     Returns the ``SharedGroup``, or why not (the same answer on every rank)."""
+    _leave_at_exit()
     wait = datetime.timedelta(seconds=timeout)
     mm, name, problem, bells = None, "", "", []
     try:
@@ -141,7 +143,13 @@ def _segment_name(store, key: str, wait, rank: int, creator: int) -> str:
                         f"timeout", peer=creator, op="setup") from None
 
 
-@atexit.register
+@functools.cache
+def _leave_at_exit() -> None:
+    """Close every segment this process mapped when it exits; registered by the first set-up
+    (once: the cache holds its one call), not at import."""
+    atexit.register(_leave_all)
+
+
 def _leave_all():
     for kept in STATE.objects(WHOLE) + STATE.objects(HOST):
         kept.close()
