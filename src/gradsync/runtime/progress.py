@@ -39,9 +39,6 @@ class Progress:
         self._thread: threading.Thread | None = None
         self.running = threading.RLock()
 
-    def idle(self) -> bool:
-        return self._busy == 0
-
     def busy(self) -> bool:
         """Whether a collective is queued or running (the group state keeps a busy group)."""
         return self._busy > 0
@@ -90,7 +87,7 @@ def start(job, transport, inline: bool = False) -> torch.futures.Future:
     """
     future = torch.futures.Future()
     engine = progress_for(transport)
-    if engine.on_thread() or (inline and engine.idle()):
+    if engine.on_thread() or (inline and not engine.busy()):
         with engine.running:
             job.complete(future)
     else:

@@ -57,12 +57,12 @@ class GroupState:
             self._counters[counter] = value = self._counters.get(counter, 0) + 1
             return value
 
-    def slot(self, name: str, make, valid=None):
-        """The group's object ``name``, made by ``make()`` the first time (or when ``valid(obj)``
-        says the kept one is stale). ``make`` runs under the lock: keep it to local work."""
+    def slot(self, name: str, make):
+        """The group's object ``name``, made by ``make()`` the first time. ``make`` runs under
+        the lock: keep it to local work."""
         with self._lock:
             obj = self._slots.get(name)
-            if obj is None or (valid is not None and not valid(obj)):
+            if obj is None:
                 obj = self._slots[name] = make()
             return obj
 
@@ -70,14 +70,6 @@ class GroupState:
         """The group's object ``name`` if one was made, else None."""
         with self._lock:
             return self._slots.get(name)
-
-    def put(self, name: str, obj) -> None:
-        """Keep ``obj`` as the group's ``name`` (one made outside the lock: a store exchange)."""
-        with self._lock:
-            old = self._slots.get(name)
-            self._slots[name] = obj
-        if old is not None and old is not obj and hasattr(old, "close"):
-            old.close()
 
     def kept(self, name: str, owner):
         """The object kept as ``name`` for ``owner`` (a process group object) by ``keep``, or

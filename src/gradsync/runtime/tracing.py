@@ -151,9 +151,6 @@ class Recorder:
     def __init__(self, trace: Trace, index: int):
         self.trace, self.index = trace, index
 
-    def __bool__(self) -> bool:
-        return True
-
     @staticmethod
     def now() -> int:
         """The clock events are stamped with (``t0`` of ``event`` and ``spread``)."""

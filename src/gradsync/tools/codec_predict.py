@@ -32,9 +32,6 @@ from ..compression import make
 
 RATE_ELEMENTS = 1 << 18
 OVERHEAD_ELEMENTS = 64          # small enough that the wire and the codec's compute vanish
-# Bytes per element by name, read from the one table, for the readers that index it by name
-# (training/train.py, web/view.py); here dtypes.itemsize is called.
-ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.names()}
 
 
 class _Still:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from .. import algorithms
+from .. import algorithms, dtypes
 from ..errors import ConfigError, NonFiniteError
 from ..runtime.compile import compiled, frozen, pick
 from ..tools.progress_bar import bar as progress_bar
@@ -123,8 +123,8 @@ class SyncMeter:
         if self.cfg.compression is None:
             schedule = compiled(algorithm, self.workers, elements, dtype, frozen(options), self.rank).schedule
             return int(schedule.elements_sent()[self.rank]) * itemsize
-        from ..tools.codec_predict import ITEMSIZE, wire_schedules
-        return sum(int(s.elements_sent()[self.rank]) * ITEMSIZE[d]
+        from ..tools.codec_predict import wire_schedules
+        return sum(int(s.elements_sent()[self.rank]) * dtypes.itemsize(d)
                    for s, d in wire_schedules(self.cfg.compression, algorithm, self.workers, elements, options))
 
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import algorithms
+from .. import algorithms, dtypes
 from ..model.cost import default_options, predict
 from ..errors import ConfigError
 from ..core.narrate import narrate
@@ -166,12 +166,12 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
     schedule over a buffer that lays their payloads end to end (so each keeps its own chunks),
     with the bytes per element they share; and the codec's label."""
     from ..compression import make
-    from ..tools.codec_predict import ITEMSIZE, wire_schedules
+    from ..tools.codec_predict import wire_schedules
 
     codec = make(compression)
     options = _options(algorithm, topo, n, nbytes, components, eps)
     parts = wire_schedules(codec, algorithm, n, nbytes // 4, options)
-    sizes = {ITEMSIZE[dtype] for _, dtype in parts}
+    sizes = {dtypes.itemsize(dtype) for _, dtype in parts}
     if len(sizes) != 1:         # every codec so far has one; a mixed one would need per-transfer sizes
         raise ConfigError(f"compression {codec.label!r} mixes element sizes {sorted(sizes)}; the view draws one")
     pieces, rounds, offset = [], 0, 0
