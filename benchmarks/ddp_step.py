@@ -4,8 +4,10 @@ Usage: python benchmarks/ddp_step.py [--workers 4] [--launches 3] [--steps 20] [
 
 Each launch starts --workers local processes (Gloo over loopback). Every worker builds three
 replicas of one MLP (8 layers of 1024 x 1024, 32 MB of gradients, DDP buckets of 4 MB: 9
-buckets), one wrapped with DDP's built-in all-reduce, one with ``comm_hook("ring")`` and one
-with ``comm_hook("auto")``. They take turns in blocks of --steps steps (forward, backward,
+buckets), one wrapped with DDP's built-in all-reduce, one with ``comm_hook("ring")`` (over
+Gloo), one with ``comm_hook("auto")`` (over Gloo) and one with ``comm_hook("auto",
+transport="auto")`` ("shm_auto": on one host, the shared-buffer all-reduce, by reads), and one
+with no synchronization at all ("none": what the step costs without it). They take turns in blocks of --steps steps (forward, backward,
 SGD step), the first block of each untimed; the step time is the median over blocks. Printed
 and written: each launch's medians and ratios against DDP, and the median ratio over launches.
 """
@@ -18,7 +20,14 @@ import time
 
 import torch
 
-VARIANTS = ("ddp", "ring", "auto")
+VARIANTS = ("ddp", "ring", "auto", "shm_auto", "none")
+
+
+def _no_sync(state, bucket):
+    """A DDP hook that hands the local gradient back unsummed: the step without synchronization."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def worker(rank, workers, steps, blocks):
@@ -38,7 +47,11 @@ def worker(rank, workers, steps, blocks):
         replica = torch.nn.Sequential(*[type(m)(1024, 1024) if isinstance(m, torch.nn.Linear) else m for m in base])
         replica.load_state_dict(base.state_dict())
         ddp = DistributedDataParallel(replica, bucket_cap_mb=4)
-        if name != "ddp":
+        if name == "shm_auto":
+            ddp.register_comm_hook(None, comm_hook("auto", transport="auto"))
+        elif name == "none":
+            ddp.register_comm_hook(None, _no_sync)
+        elif name != "ddp":
             ddp.register_comm_hook(None, comm_hook(name))
         models[name] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3))
     x = torch.randn(32, 1024)
@@ -58,8 +71,8 @@ def worker(rank, workers, steps, blocks):
                 step(name)
             if block:
                 times[name].append((time.perf_counter() - start) / steps)
-    spread = max(float((p - q).abs().max()) for p, q in zip(models["ddp"][0].parameters(),
-                                                            models["ring"][0].parameters()))
+    spread = max(float((p - q).abs().max()) for other in ("ring", "shm_auto")
+                 for p, q in zip(models["ddp"][0].parameters(), models[other][0].parameters()))
     return {"step_s": {n: statistics.median(t) for n, t in times.items()}, "ring_vs_ddp_max_param_diff": spread}
 
 

@@ -43,13 +43,13 @@ def auto_picks(rank, workers):
             "shared": not isinstance(shared_group(), str)}
 
 
-def killed_rank(rank, workers, victim, timeout, transport="shm"):
-    """Every rank runs ring all-reduces over ``transport``; ``victim`` kills itself (SIGKILL) mid-stream."""
+def killed_rank(rank, workers, victim, timeout, transport="shm", algorithm="ring"):
+    """Every rank runs all-reduces over ``transport``; ``victim`` kills itself (SIGKILL) mid-stream."""
     import signal
     import threading
 
     x = torch.ones(1 << 18)
-    gradsync.all_reduce(x, transport=transport, timeout=timeout)    # the segment is set up
+    gradsync.all_reduce(x, algorithm=algorithm, transport=transport, timeout=timeout)    # the segment is set up
     if rank == victim:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     start = None
@@ -57,7 +57,7 @@ def killed_rank(rank, workers, victim, timeout, transport="shm"):
         for _ in range(100000):
             x.fill_(1.0)
             start = time.monotonic()
-            gradsync.all_reduce(x, transport=transport, timeout=timeout)
+            gradsync.all_reduce(x, algorithm=algorithm, transport=transport, timeout=timeout)
             assert x[0].item() == workers
         return {"error": None}
     except gradsync.PeerError as exc:
@@ -134,3 +134,55 @@ def mixed_stalled(rank, workers, per_host, sleeper, timeout):
     timeout: the ranks of both machines must name it, not a neighbour waiting for it."""
     _as_machines(rank, per_host)
     return stalled(rank, workers, timeout, sleeper=sleeper, transport="auto", oversleep=3.0)
+
+
+def one_host_collectives(rank, workers, capacity):
+    """Every one-host collective against numpy's float64 sums, slots cut to ``capacity`` bytes
+    (None: as laid out) so that large messages go in pieces; returns the failures."""
+    from gradsync.runtime import one_host
+
+    buffers = for_group("shm").shared_buffers()
+    if capacity is not None:
+        buffers.capacity = capacity
+    failures = []
+
+    def data(r, m, dtype):
+        return _inputs(r, workers * m, dtype)
+
+    for m in (0, 1, 7, 1000):
+        for dtype in (torch.float64, torch.float32, torch.int32):
+            every = np.stack([data(r, m, dtype).double().numpy() for r in range(workers)])
+            total = every.sum(axis=0)
+            out = torch.empty(m, dtype=dtype)
+            one_host.reduce_scatter(out, data(rank, m, dtype), op="avg" if dtype.is_floating_point else "sum")
+            want = total[rank * m:(rank + 1) * m] / (workers if dtype.is_floating_point else 1)
+            if not np.allclose(out.double().numpy(), want, rtol=1e-5, atol=1e-3):
+                failures.append(("reduce_scatter", m, str(dtype)))
+            gathered = torch.empty(workers * m, dtype=dtype)
+            one_host.all_gather(gathered, data(rank, m, dtype)[:m].clone())
+            if not np.array_equal(gathered.double().numpy(), every[:, :m].reshape(-1)):
+                failures.append(("all_gather", m, str(dtype)))
+            x = data(rank, m, dtype)
+            one_host.broadcast(x, src=workers - 1)
+            if not np.array_equal(x.double().numpy(), every[workers - 1]):
+                failures.append(("broadcast", m, str(dtype)))
+            one_host.barrier()
+            for algorithm in ("one_shot", "sharded"):
+                x = data(rank, m, dtype)
+                uses = buffers.uses
+                gradsync.all_reduce(x, algorithm=algorithm, transport="shm")
+                if not np.allclose(x.double().numpy(), total, rtol=1e-5, atol=1e-3):
+                    failures.append((algorithm, m, str(dtype)))
+                if m and buffers.uses == uses:             # it ran by reads: it took the shared slots
+                    failures.append((algorithm, "not by reads", m))
+    return failures
+
+
+def mismatched_reads(rank, workers):
+    """Rank 0 all-reduces a longer tensor than the others, by reads: every rank must say so."""
+    x = torch.ones(100 + (rank == 0))
+    try:
+        gradsync.all_reduce(x, algorithm="one_shot", transport="shm", timeout=5)
+        return {"error": None}
+    except (gradsync.MismatchError, gradsync.PeerError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}

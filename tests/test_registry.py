@@ -210,7 +210,7 @@ def test_a_worker_process_that_cannot_rebuild_an_algorithm_says_so():
 
 
 # The order every listing shows (gradsync list, tune's tables, the web view's menu, the README).
-BUILT_INS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
+BUILT_INS = ("central", "host", "sharded", "one_shot", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
 
 # The whole file of a new algorithm, as one would write it in src/gradsync/algorithms/: the
 # imports, the two functions above, and its SPEC.

@@ -24,7 +24,7 @@ from .spec import AlgorithmSpec, Option, is_int, is_number, one_of  # noqa: F401
 
 # The order the built-ins are shown in (`gradsync list`, tune's tables, the web view's menu, the
 # README's table): simplest first. Modules found beyond these follow them, by name.
-SHOWN_FIRST = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
+SHOWN_FIRST = ("central", "host", "sharded", "one_shot", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
 
 REGISTRY: dict[str, AlgorithmSpec] = {}
 

@@ -64,6 +64,9 @@ class AlgorithmSpec:
     machine_option: the option that takes the workers per machine (hierarchical's
         ``local_size``), which the runtime fills in from where the ranks run when it is not
         given; None for algorithms that do not group workers into machines.
+    shared_buffers: whether, on one host, it runs by reading the peers' buffers directly (its
+        transfers are reads, a barrier between rounds: ``runtime.reads``) rather than as
+        messages; for schedules whose rounds never read what they write (one_shot, sharded).
 
     >>> from gradsync.algorithms import ring
     >>> spec = AlgorithmSpec(name="ring_again", schedule=ring.schedule, cost=ring.cost, exact=True,
@@ -82,6 +85,7 @@ class AlgorithmSpec:
     phases: dict[str, str] = field(default_factory=dict)
     explanation: str = ""
     machine_option: str | None = None
+    shared_buffers: bool = False
 
     def accepts(self, dtype: str) -> bool:
         """Whether it takes tensors of ``dtype`` (a name): ``get("cerar").accepts("int32")`` is False."""
@@ -132,6 +136,8 @@ class AlgorithmSpec:
         if not isinstance(self.phases, dict) or not set(self.phases) <= {"reduce", "copy", "coded"} \
                 or not all(isinstance(v, str) and v for v in self.phases.values()):
             out.append(f"phases must map some of reduce, copy, coded to names, got {self.phases!r}")
+        if not isinstance(self.shared_buffers, bool):
+            out.append(f"shared_buffers must be True or False, got {self.shared_buffers!r}")
         if not isinstance(self.explanation, str):
             out.append(f"explanation must be a string, got {self.explanation!r}")
         if not isinstance(self.options, dict):

@@ -50,13 +50,14 @@ def run_schedule(schedule: Schedule, buffers: np.ndarray) -> None:
     tr = schedule.transfers
     for r in range(schedule.rounds):
         lo, hi = schedule.round_starts[r], schedule.round_starts[r + 1]
-        copy = _reads_race_writes(tr[lo:hi])
-        for src, dst, off, cnt, op in zip(tr["src"][lo:hi].tolist(), tr["dst"][lo:hi].tolist(),
-                                          tr["offset"][lo:hi].tolist(), tr["count"][lo:hi].tolist(),
-                                          tr["op"][lo:hi].tolist()):
-            payload = buffers[src, off:off + cnt]
-            if copy:
-                payload = payload.copy()
+        rows = list(zip(tr["src"][lo:hi].tolist(), tr["dst"][lo:hi].tolist(), tr["offset"][lo:hi].tolist(),
+                        tr["count"][lo:hi].tolist(), tr["op"][lo:hi].tolist()))
+        # where a transfer of the round writes what another reads, every payload is taken
+        # before any is applied: each carries its source as it was after the previous round
+        snapshot = _reads_race_writes(tr[lo:hi])
+        payloads = [buffers[src, off:off + cnt].copy() for src, _, off, cnt, _ in rows] if snapshot else None
+        for i, (src, dst, off, cnt, op) in enumerate(rows):
+            payload = payloads[i] if snapshot else buffers[src, off:off + cnt]
             target = buffers[dst, off:off + cnt]
             if op == COPY:
                 target[...] = payload

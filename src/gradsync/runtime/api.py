@@ -9,13 +9,12 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 
-from ..errors import ConfigError
 from . import flight
 from .compressed import CompressedAllReduce
 from .prepare import build
-from .request import Request
+from .request import Request, check_initialized, recipe_key
+from .state import STATE
 from .transport import for_group
 
 
@@ -57,7 +56,8 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     once (``wait()``, ``get_future()``) while the collective runs on gradsync's progress
     thread; leave the tensor alone until it completes. ``transport``: "gloo" (the group's
     torch.distributed backend), "shm" (shared memory; every rank on this host) or "auto"
-    (shared memory when the ranks share a host and the tensor is on the CPU).
+    (shared memory within hosts where the ranks share one, CPU tensors). There, one_shot and
+    sharded (one-shot and two-shot) read the peers' buffers directly; "auto" picks by size.
 
     The ranks agree on shape, dtype, algorithm and options (``check``) before anything
     received is used; a mismatch raises ``MismatchError`` on every rank. A peer that fails or
@@ -81,12 +81,16 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
         gradsync.all_reduce(grad, algorithm="halving_doubling", op="avg")
         work = gradsync.all_reduce(grad, algorithm="ring", async_op=True); work.wait()
     """
+    key = recipe_key(tensor, algorithm, op, group, timeout, check, transport, options) \
+        if compression is None and trace is None and stall_warning is None and not check_finite else None
+    recipe = STATE.recipe(key) if key is not None else None
+    if recipe is not None and recipe.usable():      # this very call was checked before
+        flight.watch_signal()
+        return _handed(recipe.start(tensor, async_op), async_op)
     request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
                               check_finite=check_finite, trace=trace, stall_warning=stall_warning,
                               transport=transport, compression=compression, compression_key=compression_key)
-    if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialized: call dist.init_process_group first "
-                          "(or use gradsync.tools.launch)")
+    check_initialized()
     flight.watch_signal()               # SIGUSR1 dumps the flight record, if GRADSYNC_FLIGHT_DIR is set
     deadline = time.monotonic() + request.timeout
     channel = for_group(transport, group, tensor.device.type, request.timeout, stall_warning)
@@ -95,5 +99,10 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     except BaseException:
         channel.close()
         raise
-    future = collective.start(inline=not async_op)
+    if key is not None and getattr(collective, "recipe", None) is not None:
+        STATE.remember(key, collective.recipe)
+    return _handed(collective.start(inline=not async_op), async_op)
+
+
+def _handed(future, async_op: bool):
     return Work(future) if async_op else future.wait()

@@ -71,6 +71,26 @@ def reduces_from_channel(transport) -> bool:
     return callable(getattr(transport, "reduce_from", None))
 
 
+class ReadsPeers(Protocol):
+    """A transport whose ranks all share one host and can read each other's buffers directly:
+    schedules whose spec says ``shared_buffers`` run on it by reads (``runtime.reads``), with
+    a barrier between rounds instead of messages."""
+
+    def shared_buffers(self):
+        """The group's ``SharedBuffers``: every rank's slots and the barrier."""
+
+
+def shared_buffers(transport):
+    """The transport's shared buffers if it has the ``ReadsPeers`` capability, else None.
+
+    >>> from gradsync.runtime.transport.memory import MemoryTransport
+    >>> shared_buffers(MemoryTransport.group(1)[0]) is None
+    True
+    """
+    method = getattr(transport, "shared_buffers", None)
+    return method() if callable(method) else None
+
+
 def group_name(group=None) -> str:
     """The group's name, the same in every process: "world", or its global ranks ("0-2-3")."""
     return "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))

@@ -135,6 +135,13 @@ class SharedGroup(Channels):
         return PeerError(f"rank {self.ranks[self.rank]}: rank {failed} {how} while this rank waited{doing}",
                          peer=failed, op="recv" if op is None else op.kind)
 
+    def raise_failure(self, waiting, deadline: float) -> None:
+        """Raise the group's ``PeerError`` if a peer died or left, or the deadline has passed
+        while this rank waits for ``waiting.peer`` (a barrier of the shared buffers)."""
+        error = self._check(waiting, deadline)
+        if error is not None:
+            self._fail(error)
+
     def _record(self, rank: int, why: int) -> None:
         """Record the group's failed rank (its rank in the process group) and how."""
         if self.ctl[FAILED] < 0:      # two ranks at once: either may win, both name a failed rank

@@ -76,6 +76,7 @@ class Channels:
         self.active = [deque() for _ in range(n)]           # matched sends being written, in order
         self.failure: PeerError | None = None               # the group's, once met: posting raises it
         self.closed = False                                 # this rank has left the group
+        self.buffers = None                                 # its SharedBuffers, made on first use
 
     # --- posting ------------------------------------------------------------------------
 

@@ -3,14 +3,25 @@
 The segment is int64 control words, then the frames' data from the next page boundary:
 
 - the header, one cache line: ``MAGIC_WORD`` .. ``NOTICES_WORD`` (how it is laid out), then
-  ``FAILED`` (the group's failed rank, -1: none) and ``WHY`` (how: ``DIED`` ... ``REMOTE``);
+  ``FAILED`` (the group's failed rank, -1: none), ``WHY`` (how: ``DIED`` ... ``REMOTE``) and
+  ``REGION_WORD`` (the shared buffers' slot size); then, on a line of its own, ``GENERATION``:
+  the last barrier of the shared buffers every rank reached (low 32 bits, a futex word the
+  waiting ranks sleep on; high 32 bits: someone sleeps on it);
 - per rank, one cache line: ``PID`` and ``START`` (its process and that process's start time),
   ``BLOCKED`` (the rank it waits for: ``NOBODY``, or ``ACROSS`` for a rank of another host),
   ``CLOSED`` (it has left) and ``SLEEPING`` (it blocks on its doorbell: ring it);
+- per rank, ``ARRIVED``: the last barrier it reached on the shared buffers (the low 32 bits
+  are a futex word: waiting ranks sleep on it in the kernel until it changes), and ``DIGEST``
+  (two words): the digest of the collective it runs there, compared after the first barrier;
 - per ordered pair src -> dst, a channel: its four counters (``DATA_TAIL``, ``DATA_HEAD``,
   ``NOTICE_TAIL``, ``NOTICE_HEAD``, one cache line each), then ``notices`` notice entries
   written by dst (``NOTICE_TAG``, ``NOTICE_BYTES``), then ``slots`` frame headers written by
-  src (``FRAME_TAG``, ``FRAME_OFFSET``, ``FRAME_BYTES``); ``Layout`` says where each starts.
+  src (``FRAME_TAG``, ``FRAME_OFFSET``, ``FRAME_BYTES``); ``Layout`` says where each starts;
+- after the frames, from a page boundary, the *shared buffers*: per rank two slots of
+  ``region_bytes`` (the even and the odd collective use alternate slots, so one collective's
+  copy-in never overwrites what a slower rank still reads of the one before), which every rank
+  of the host reads directly (``buffers``); a slot's first ``SLOT_HEADER`` bytes hold the
+  digest of the collective its rank runs in it, its data follows. Pages of a tmpfs file take memory only once touched.
 """
 
 from __future__ import annotations
@@ -25,17 +36,20 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 PREFIX = "gradsync-"
-MAGIC = 0x67726473686D3031          # "grdshm01"
+MAGIC = 0x67726473686D3032          # "grdshm02"
 DATA_BUDGET = 512 << 20             # the most frame space one group's segment holds
+REGION_BUDGET = 256 << 20           # the most shared-buffer space (both parities, every rank)
+REGION_MAX = 32 << 20               # the largest slot: bigger collectives go through it in pieces
+SLOT_HEADER = 64                    # a slot's digest, before its data (one cache line)
 BELLS = ".bells"                    # the segment's directory of doorbells, one FIFO per rank
 NOTICES = 256                       # posted receives a channel can announce at once
 PAGE = 4096
 
 # the header's words
-MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED, WHY = range(7)
-HEADER_WORDS = 8
+MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED, WHY, REGION_WORD, GENERATION = range(9)
+HEADER_WORDS = 16
 # each rank's words, from its first
-PID, START, BLOCKED, CLOSED, SLEEPING = range(5)
+PID, START, BLOCKED, CLOSED, SLEEPING, ARRIVED = range(6)
 RANK_WORDS = 8
 # WHY's values: how the FAILED rank failed (REMOTE: a rank of another host, named by the engine)
 DIED, LEFT, SILENT, REMOTE = 1, 2, 3, 4
@@ -60,6 +74,17 @@ def layout(size: int) -> tuple[int, int]:
     return max(64 << 10, slot_bytes // PAGE * PAGE), slots
 
 
+def region_bytes(size: int) -> int:
+    """Each rank's shared-buffer slot for a group of ``size``: 32 MB up to REGION_BUDGET for
+    both parities of every rank, at least 1 MB.
+
+    >>> region_bytes(4) >> 20, region_bytes(64) >> 20
+    (32, 2)
+    """
+    per = REGION_BUDGET // (2 * max(1, size))
+    return max(1 << 20, min(REGION_MAX, per) // PAGE * PAGE)
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where everything is in the segment of a group of ``size`` ranks (word indices, but
@@ -67,23 +92,27 @@ class Layout:
 
     >>> lay = Layout.for_size(2)
     >>> lay.channel(0, 1), lay.channel(1, 0) - lay.channel(0, 1), lay.data_start, lay.frame(1, 0, 2)
-    (24, 576, 12288, 10498048)
+    (32, 576, 12288, 10498048)
+    >>> lay.region(1, 1) - lay.region(0, 0) == 3 * lay.region_bytes
+    True
     """
 
     size: int
     slot_bytes: int
     slots: int
     notices: int = NOTICES
+    region_bytes: int = 1 << 20
 
     @classmethod
     def for_size(cls, size: int) -> "Layout":
-        return cls(size, *layout(size))
+        return cls(size, *layout(size), region_bytes=region_bytes(size))
 
     @classmethod
     def read(cls, mm: mmap.mmap) -> "Layout":
         """The layout a segment's header states."""
         head = np.frombuffer(mm, dtype=np.int64, count=HEADER_WORDS)
-        return cls(int(head[SIZE_WORD]), int(head[SLOT_BYTES_WORD]), int(head[SLOTS_WORD]), int(head[NOTICES_WORD]))
+        return cls(int(head[SIZE_WORD]), int(head[SLOT_BYTES_WORD]), int(head[SLOTS_WORD]), int(head[NOTICES_WORD]),
+                   int(head[REGION_WORD]))
 
     @property
     def frames(self) -> int:
@@ -103,8 +132,16 @@ class Layout:
         return -(-self.words * 8 // PAGE) * PAGE
 
     @property
-    def nbytes(self) -> int:
+    def region_start(self) -> int:
         return self.data_start + self.size * (self.size - 1) * self.slots * self.slot_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.region_start + 2 * self.size * self.region_bytes
+
+    def region(self, r: int, parity: int) -> int:
+        """The first byte of rank ``r``'s shared-buffer slot of ``parity`` (0 or 1)."""
+        return self.region_start + (parity * self.size + r) * self.region_bytes
 
     def rank_word(self, r: int, field: int) -> int:
         """Rank ``r``'s word ``field`` (``PID`` ... ``SLEEPING``)."""
@@ -176,8 +213,8 @@ def create(size: int) -> tuple[str, mmap.mmap]:
     finally:
         os.close(fd)
     head = np.frombuffer(mm, dtype=np.int64, count=lay.rank_word(size, 0))
-    head[[MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED]] = \
-        [MAGIC, size, lay.slot_bytes, lay.slots, lay.notices, NOBODY]
+    head[[MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED, REGION_WORD]] = \
+        [MAGIC, size, lay.slot_bytes, lay.slots, lay.notices, NOBODY, lay.region_bytes]
     head[lay.rank_word(0, BLOCKED)::RANK_WORDS] = NOBODY
     del head
     return name, mm

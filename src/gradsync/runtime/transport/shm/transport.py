@@ -44,5 +44,11 @@ class ShmTransport(GatherOverPost):
         REDUCE), from the channel itself where it can: one copy per byte fewer."""
         self.shared.reduce_from(handle, target, deadline)
 
+    def shared_buffers(self):
+        """The group's shared buffers, which collectives that run by reads use (``runtime.reads``)."""
+        from .buffers import SharedBuffers
+
+        return SharedBuffers.of(self.shared)
+
     def close(self):
         pass
