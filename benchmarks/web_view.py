@@ -9,8 +9,11 @@ Measures, against a local `gradsync serve` it starts:
 With --screenshots DIR it also saves each algorithm at mid-run (8 workers, PCIe/NVLink
 presets where they tell most) as DIR/web-<algorithm>.png.
 
-Usage: python benchmarks/web_view.py [--screenshots docs/figures]
-Targets: >= 30 frames per second at 64 workers; updates within 200 ms for N <= 64.
+With --export DIR it measures the static export instead (written to DIR by ``gradsync serve
+--export``, opened from file://, the simulator running in the page): N = 4, 8, 16, 32, 64, 24.
+
+Usage: python benchmarks/web_view.py [--screenshots docs/figures] [--export DIR]
+Targets: >= 30 frames per second at 64 workers; updates within 150 ms (median) at N = 64.
 """
 
 import argparse
@@ -26,9 +29,9 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-ALGORITHMS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "cerar")
+ALGORITHMS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
 SHOTS = {"central": "pcie-switch-4", "host": "pcie-switch-4", "sharded": "pcie-switch-4", "ring": "ring",
-         "tree": "ring", "halving_doubling": "p3.16xlarge", "cerar": "ring"}
+         "tree": "ring", "halving_doubling": "p3.16xlarge", "hierarchical": "lowbw-cluster", "cerar": "ring"}
 
 
 def _server():
@@ -81,11 +84,44 @@ def costly_requests(url):
     return rows
 
 
+def _shot(page, path, fraction=0.45):
+    total = float(page.get_attribute("#total-time", "data-time-s"))
+    page.evaluate(f"window.gradsyncView.seek({total * fraction})")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(path))
+
+
+def _screenshots(page, folder):
+    """Each algorithm at mid-run on a 1366 x 768 laptop screen; then a phone, a 1920 monitor,
+    and one chunk followed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size({"width": 1366, "height": 768})
+    for algorithm, topology in SHOTS.items():
+        _change(page, topology=topology)
+        _change(page, algorithm=algorithm, workers=8 if topology in ("ring", "p3.16xlarge", "lowbw-cluster") else 4)
+        _shot(page, folder / f"web-{algorithm}.png")
+    _change(page, topology="ring")
+    _change(page, algorithm="ring", workers=8)
+    page.evaluate("window.gradsyncView.follow(3)")
+    _shot(page, folder / "web-follow.png", 0.3)
+    page.evaluate("window.gradsyncView.follow(null)")
+    for name, (w, h) in (("web-phone.png", (390, 844)), ("web-wide.png", (1920, 1080))):
+        page.set_viewport_size({"width": w, "height": h})
+        page.wait_for_timeout(300)
+        _shot(page, folder / name)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--screenshots", type=Path, help="save each algorithm at mid-run here")
+    parser.add_argument("--export", type=Path, help="measure the static export written here instead of the server")
     args = parser.parse_args()
-    server, url = _server()
+    if args.export:
+        subprocess.run([sys.executable, "-m", "gradsync", "serve", "--export", str(args.export)], check=True)
+        server, url = None, (args.export / "index.html").resolve().as_uri()
+    else:
+        server, url = _server()
+    counts = (4, 8, 16, 32, 64, 24) if args.export else (4, 8, 16, 32, 64, 17)
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
@@ -98,7 +134,7 @@ def main():
             updates = {}
             for algorithm in ALGORITHMS:
                 _change(page, algorithm=algorithm)
-                for n in (4, 8, 16, 32, 64, 17):
+                for n in counts:
                     page.evaluate("window.gradsyncStats.updateMs = null")
                     _change(page, workers=n)
                     updates.setdefault(algorithm, []).append((n, page.evaluate("window.gradsyncStats.updateMs")))
@@ -109,29 +145,24 @@ def main():
             end = page.evaluate("[window.gradsyncStats.frames, performance.now(), window.gradsyncStats.narrated]")
             fps = (end[0] - start[0]) / ((end[1] - start[1]) / 1000)
             if args.screenshots:
-                args.screenshots.mkdir(parents=True, exist_ok=True)
-                page.set_viewport_size({"width": 1400, "height": 900})
-                for algorithm, topology in SHOTS.items():
-                    _change(page, topology=topology)
-                    _change(page, algorithm=algorithm, workers=8 if topology in ("ring", "p3.16xlarge") else 4)
-                    total = float(page.get_attribute("#total-time", "data-time-s"))
-                    page.evaluate(f"window.gradsyncView.seek({total * 0.45})")
-                    page.wait_for_timeout(300)
-                    page.screenshot(path=str(args.screenshots / f"web-{algorithm}.png"))
+                _screenshots(page, args.screenshots)
             browser.close()
-        costly = costly_requests(url)
+        costly = [] if server is None else costly_requests(url)
     finally:
-        server.terminate()
+        if server is not None:
+            server.terminate()
     print(f"first frame after load: {first_frame:.0f} ms after navigation ({first_wall:.0f} ms wall, cold server)")
     print(f"frames per second, 64 workers animating (ring), narration and timeline drawn: {fps:.1f}")
     print(f"  narration at the end of the measurement: {end[2]!r}")
-    print("update time from a change to the first new frame (N = 4, 8, 16, 32, 64, 17):")
+    print(f"update time from a change to the first new frame (N = {', '.join(map(str, counts))}):")
     worst = max((ms, a, n) for a, rows in updates.items() for n, ms in rows)
     for algorithm, rows in updates.items():
         times = [ms for _, ms in rows]
         print(f"  {algorithm:<18} median {statistics.median(times):4.0f} ms, max {max(times):4.0f} ms: "
               + ", ".join(f"{ms:.0f}" for ms in times))
     print(f"worst case: {worst[0]:.0f} ms ({worst[1]}, N = {worst[2]})")
+    at64 = [ms for rows in updates.values() for n, ms in rows if n == 64]
+    print(f"N = 64 over the algorithms: median {statistics.median(at64):.0f} ms, max {max(at64):.0f} ms")
     print("costliest requests, cold caches (seconds, HTTP status):")
     for what, seconds, status in costly:
         print(f"  {what:<40} {seconds:5.2f} s  {status}")

@@ -428,8 +428,9 @@ def test_chunk_colours_follow_the_inputs_each_chunk_holds(page, server, algorith
         for node in range(4):
             for c in range(k):
                 rgb = page.evaluate(f"(() => {{ const b = window.gradsyncView.cellBox({node}, {c}); "
-                                    f"return window.gradsyncView.pixel(b.x + b.w / 2, b.y + b.h - 2); }})()")
+                                    f"return window.gradsyncView.pixel(b.x + b.w / 2, b.y + b.h - 2, true); }})()")
                 # the bottom of a chunk is coloured once it holds an input, in the chunk's own hue
+                # (read without the packets, which are drawn over the buffers)
                 assert abs((_hue(rgb) - 360 * c / k + 180) % 360 - 180) < 20, (algorithm, fraction, node, c, rgb)
         if fraction == 1.0:
             assert (expected[:4] == 4).all()
@@ -545,9 +546,23 @@ def test_the_static_export_plays_from_plain_files(browser, tmp_path):
     # the exported timeline is the simulator's: D2L's 15 ms for sharded aggregation on 4 GPUs
     assert float(page.get_attribute("#total-time", "data-time-s")) == pytest.approx(0.015, rel=1e-3)
     page.wait_for_function("window.gradsyncStats.chartApplied >= document.querySelector('#algorithm').options.length")
-    assert page.is_disabled("#workers") and page.is_disabled("#fail")
+    # every control is live there now: the page times the exported schedules itself
+    assert not page.is_disabled("#workers") and not page.is_disabled("#fail") and not page.is_disabled("#size")
+    assert "MB" in run.stdout and "index.html" in run.stdout
     page.close()
     assert errors == []
+
+
+def test_a_second_server_on_a_busy_port_says_so_in_one_line_and_exits_2():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "gradsync", "serve", "--port", str(port)],
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == ""             # no URL printed for a server that never ran
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0]
 
 
 def test_a_job_finished_before_its_callback_is_added_does_not_deadlock():
@@ -562,3 +577,33 @@ def test_a_job_finished_before_its_callback_is_added_does_not_deadlock():
     asker.start()
     asker.join(30)
     assert not asker.is_alive() and results == list(range(300))
+
+
+@pytest.mark.slow
+def test_the_served_page_keeps_the_lesson_above_the_fold_errors_by_their_field_and_no_stale_failure(browser, server):
+    # the same layout and rules as the static export's (tests/test_web_export.py), here through the server
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server)
+    page.wait_for_function("window.gradsyncStats && window.gradsyncStats.timeS > 0")
+    for name in ("tree", "cerar", "ring"):
+        _load(page, algorithm=name)
+        for id_ in ("view", "timeline", "narration", "explanation", "algorithm", "fail"):
+            box = page.evaluate(f"(() => {{ const r = document.getElementById('{id_}').getBoundingClientRect(); "
+                                "return [r.top, r.bottom, r.height]; })()")
+            assert box[2] > 0 and box[0] >= 0 and box[1] <= 768, (name, id_, box)
+    page.fill("#workers", "1")
+    page.dispatch_event("#workers", "change")
+    page.wait_for_selector(".field-error")
+    below = page.evaluate("document.querySelector('.field-error').previousElementSibling.contains(document.getElementById('workers'))")
+    assert below and "workers" in page.text_content(".field-error")
+    _load(page, workers=8)
+    page.fill("#fail-device", "7")
+    page.click("#fail")
+    page.wait_for_function("window.gradsyncStats.failure && window.gradsyncStats.failure.device === 7")
+    _load(page, workers=4)
+    assert page.evaluate("window.gradsyncStats.failure") is None and "cleared" in page.text_content("#fail-note")
+    _load(page, algorithm="sharded")                  # later changes are not refused
+    assert page.query_selector(".field-error") is None and errors == []
+    page.close()

@@ -61,18 +61,29 @@ def serve(host, port, export_dir):
         from ..web.export import export
 
         try:
-            keys = export(export_dir)
+            out = export(export_dir)
         except OSError as e:
             raise click.BadParameter(f"cannot write {export_dir!r}: {e.strerror}", param_hint="'--export'")
-        click.echo(f"wrote the live view and {len(keys) - 1} precomputed files to {export_dir}/: "
-                   f"open {export_dir}/index.html")
+        click.echo(f"wrote the live view to {export_dir}/ ({out['bytes'] / 1e6:.1f} MB: {sum(out['families'].values())} "
+                   f"schedules, {out['topologies']} topologies, simulated in the page): open {export_dir}/index.html")
         return
+
+    import socket
 
     import uvicorn
 
     from ..web import view
     from ..web.app import create_app
 
+    # bound here, before the URL is printed: a busy port is one line and exit code 2, not a
+    # printed URL followed by the server's own bind error
+    try:
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)    # a restart need not wait out TIME_WAIT
+        listener.bind((host, port))
+    except OSError as e:
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {e.strerror}", param_hint="'--host'/'--port'")
     threading.Thread(target=view.warm_up, daemon=True).start()   # routes cached before the first visit
-    click.echo(f"gradsync live view: http://{host}:{port}/  (Ctrl-C to stop)")
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning")
+    click.echo(f"gradsync live view: http://{host}:{listener.getsockname()[1]}/  (Ctrl-C to stop)")
+    server = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning"))
+    server.run(sockets=[listener])

@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import algorithms, dtypes
-from ..model.cost import default_options, predict
+from ..model.cost import predict
 from ..errors import ConfigError
 from ..core.narrate import narrate
 from ..core.schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
@@ -27,18 +27,15 @@ from ..tools.report import bus_bandwidth
 from ..units import parse_bandwidth, parse_size, parse_time
 from .failures import failure
 from .layout import layout
+from .options import MAX_COMPONENTS_PER_WORKER, TREE_SEGMENTS, view_options  # noqa: F401 (the page's limits)
 
 MAX_TRANSFERS = 60_000        # keeps every request's work and response bounded
 MAX_CELLS = 64                # buffer chunks drawn per device
-TREE_SEGMENTS = 32            # the view's tree pipelines at most this many segments
-MAX_COMPONENTS_PER_WORKER = 3  # CERAR designs the view builds: c <= 3N (beyond, designs take seconds)
 BANDWIDTH_RANGE = (1e3, 1e13)  # bytes/s the view accepts: 1 KB/s to 10 TB/s
 LATENCY_RANGE = (0.0, 1.0)     # seconds
 BOOK_FIGURES = {"central": 0.060, "host": 0.080, "sharded": 0.015}   # D2L: 4 GPUs, PCIe 16 GB/s, 160 MB
 TOPOLOGIES = ("ring", "pcie-switch-4", "p3.16xlarge", "dgx-2", "ethernet", "lowbw-cluster")   # what the page offers
 FIXED = ("pcie-switch-4", "p3.16xlarge", "dgx-2", "lowbw-cluster")    # presets with their own worker count
-
-
 COMPRESSIONS = ("fp16", "bf16", "powersgd:rank=1", "powersgd:rank=4", "topk:ratio=0.01", "sign")   # offered
 REQUEST_BUDGET_S = 1.0        # the longest a request computes before it is answered "busy"
 
@@ -134,26 +131,9 @@ def chunk_cuts(schedule) -> list[int]:
     return cuts.tolist()
 
 
-def _options(algorithm: str, topo: Topology, n: int, nbytes: int, components, eps) -> dict:
-    takes = algorithms.get(algorithm).options
-    options = default_options(algorithm, topo, n)
-    # the page's fields apply to the algorithms that take them, and are ignored by the others
-    options.update({k: v for k, v in (("components", components), ("eps", eps)) if v is not None and k in takes})
-    if "segments" in takes:
-        options["segments"] = max(1, min(TREE_SEGMENTS, -(-(nbytes // 4) // (1 << 18))))
-    if "components" in takes:
-        c = options.get("components") or 2 * n
-        if c > MAX_COMPONENTS_PER_WORKER * n:
-            raise ConfigError(f"components must be at most {MAX_COMPONENTS_PER_WORKER} x workers = "
-                              f"{MAX_COMPONENTS_PER_WORKER * n} in the view, got {c}")
-    if "max_error" in takes:
-        options["max_error"] = None      # build refused designs too: the view shows them, in red
-    return options
-
-
 def _build(algorithm: str, topo: Topology, n: int, nbytes: int, components=None, eps=None):
     schedule = algorithms.build(algorithm, n, nbytes // 4, dtype="float32",
-                                **_options(algorithm, topo, n, nbytes, components, eps))
+                                **view_options(algorithm, topo, n, nbytes, components, eps))
     if len(schedule.transfers) > MAX_TRANSFERS:
         raise ConfigError(f"this collective has {len(schedule.transfers)} transfers; the view draws at most "
                           f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
@@ -169,7 +149,7 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
     from ..tools.codec_predict import wire_schedules
 
     codec = make(compression)
-    options = _options(algorithm, topo, n, nbytes, components, eps)
+    options = view_options(algorithm, topo, n, nbytes, components, eps)
     parts = wire_schedules(codec, algorithm, n, nbytes // 4, options)
     sizes = {dtypes.itemsize(dtype) for _, dtype in parts}
     if len(sizes) != 1:         # every codec so far has one; a mixed one would need per-transfer sizes
@@ -190,8 +170,9 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
     return combined, sizes.pop(), codec.label
 
 
-def _estimate(schedule, dtype: str = "float32") -> dict | None:
-    """A coded schedule's error, and whether gradsync would refuse the design."""
+def design_estimate(schedule, dtype: str = "float32") -> dict | None:
+    """A coded schedule's error, and whether gradsync would refuse the design (None for an
+    uncoded one): ``design_estimate(algorithms.build("ring", 4, 8))`` is None."""
     if schedule.codec is None:
         return None
     from ..coding import cerar
@@ -237,7 +218,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     n = len(topo.workers)
     nbytes = parse_size(size)
     spec = algorithms.get(algorithm)
-    schedule, itemsize, label = _schedule_for(algorithm, topo, n, nbytes, compression, components, eps)
+    schedule, itemsize, label = schedule_for(algorithm, topo, n, nbytes, compression, components, eps)
     result = simulate(schedule, topo, itemsize)
     t = schedule.transfers
     names = [nd.name for nd in topo.nodes]
@@ -247,7 +228,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     cuts = chunk_cuts(schedule)
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
               if key in spec.phases}
-    estimate = _estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
+    estimate = design_estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
     out = {
         "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
         "topology": drawing,
@@ -278,10 +259,10 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     return out
 
 
-def _schedule_for(algorithm: str, topo: Topology, n: int, nbytes: int, compression, components,
+def schedule_for(algorithm: str, topo: Topology, n: int, nbytes: int, compression, components,
                   eps) -> tuple[Schedule, int, str | None]:
     """The schedule the view draws, its bytes per element, and the codec's label (None without
-    ``compression``)."""
+    ``compression``): ``schedule_for("ring", topo, 4, 4000, "fp16", None, None)[1:]`` is (2, 'fp16')."""
     if compression is None:
         return _build(algorithm, topo, n, nbytes, components, eps), 4, None
     return _compressed(algorithm, topo, n, nbytes, compression, components, eps)
@@ -317,7 +298,7 @@ def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, ep
         return {"workers": n - 1, "time_s": None, "note": "one survivor has nothing to synchronize with"}
     topo = topology_for(topology, n - 1, bandwidth, latency)
     try:
-        schedule, itemsize, _ = _schedule_for(algorithm, topo, n - 1, nbytes, compression, components, eps)
+        schedule, itemsize, _ = schedule_for(algorithm, topo, n - 1, nbytes, compression, components, eps)
     except ConfigError as e:
         return {"workers": n - 1, "time_s": None, "note": str(e)}
     return {"workers": n - 1, "time_s": simulate(schedule, topo, itemsize).time, "note": ""}
@@ -364,7 +345,7 @@ def compare_now(size: int, topology: str, bandwidth, latency, components, eps, a
             except ConfigError:
                 sim.append(None)
             try:
-                options = {k: v for k, v in _options(name, topo, n, size, components, eps).items() if k != "max_error"}
+                options = {k: v for k, v in view_options(name, topo, n, size, components, eps).items() if k != "max_error"}
                 closed.append(predict(name, topo, n, size, **options))
             except ConfigError:
                 closed.append(None)

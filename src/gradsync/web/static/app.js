@@ -1,13 +1,15 @@
 // gradsync live view: draws the simulator's timeline of a real gradsync schedule.
 // It re-implements no algorithm: transfers, their times, routes, the inputs each carries and
-// the sentence for each round come from /api/simulate.
+// the sentence for each round come from /api/simulate, or in a static export from the
+// exported schedules timed in the page (site.js, model.js: the same answer, checked).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const REDUCE = 0, COPY = 1, CODED = 2;
 const CODED_COLOR = "#c084fc", FAIL_COLOR = "#ef4444", DONE_RING = "#f8fafc";
 const MIN_FONT = 11;                       // CSS px: no text smaller than this, on any canvas
-const PLAY_SECONDS = 8;                    // the whole collective plays in this many seconds at speed 1
+const ROUND_SECONDS = 0.6;                 // at speed 1 a round plays in about this long...
+const PLAY_LIMITS = [6, 40];               // ...within these seconds for the whole collective
 const stats = (window.gradsyncStats = { fps: 0, frames: 0, updateMs: null, requests: 0, drawnWorkers: 0,
                                          minFont: Infinity, chartRequests: 0, chartApplied: 0 });
 
@@ -15,7 +17,7 @@ let data = null;          // the current simulation
 let anim = null;          // animation state derived from it
 let playing = true, speedExp = 0, simNow = 0, lastFrame = null;
 let pendingSince = null, simController = null, simSeq = 0;
-let failure = null, hover = null;
+let failure = null, hover = null, hidePackets = false;
 let fixedWorkers = {};
 
 // ---- formatting --------------------------------------------------------------------------------
@@ -61,6 +63,31 @@ function staticData(key) {
   });
 }
 
+// The export's model: data/model.js at start, each algorithm's schedules when first chosen.
+window.gradsyncSchedules = {};
+async function schedulesFor(names) {
+  for (const name of names) if (!(name in window.gradsyncSchedules)) window.gradsyncSchedules[name] = await staticData(`schedules-${name}`);
+}
+window.gradsyncLoadAll = () => schedulesFor(window.gradsyncCore.algorithms);
+
+// An error is shown under the field that caused it (the whole message; the old drawing is
+// dimmed so it is not taken for the answer).
+const FIELD_OF = [[/^(bad size|size)/, "size"], [/^(bad bandwidth|bandwidth)/, "bandwidth"], [/^(bad duration|latency)/, "latency"],
+  [/^fail\.device|^fail/, "fail-device"], [/^(workers|this export offers|topology .* has)/, "workers"], [/^components/, "components"],
+  [/^eps/, "eps"], [/^(compression|unknown codec)/, "compression"], [/^(algorithm|unknown algorithm)/, "algorithm"]];
+function fieldOf(message) { for (const [re, id] of FIELD_OF) if (re.test(message)) return id; return null; }
+function showError(field, message) {
+  for (const el of document.querySelectorAll(".field-error")) el.remove();
+  for (const el of document.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
+  $("stage").classList.toggle("stale", !!message);
+  stats.error = message ? { field, message } : null;
+  if (!message) return;
+  const input = field && $(field), p = document.createElement("p");
+  p.className = "field-error"; p.setAttribute("role", "alert"); p.textContent = message;
+  if (input) { input.setAttribute("aria-invalid", "true"); (input.closest("label") || input).after(p); }
+  else $("panel").prepend(p);
+}
+
 function filled(id) { return $(id).value.trim() !== ""; }
 function params() {
   const p = { algorithm: $("algorithm").value, topology: $("topology").value,
@@ -82,12 +109,16 @@ async function refresh() {
   stats.pending = true;
   $("status").textContent = "simulating…";
   try {
-    if (STATIC) {
-      const body = await staticData(`sim-${$("algorithm").value}-${$("topology").value}`);
+    if (STATIC) {                                                // the page is its own server
+      await schedulesFor([$("algorithm").value]);
       if (seq !== simSeq) return;
-      stats.pending = false; $("status").textContent = "";
+      let body;
+      try { body = gradsyncSite.simulation(window.gradsyncCore, window.gradsyncSchedules, params()); }
+      catch (e) { stats.pending = false; $("status").textContent = ""; showError(e.field || fieldOf(e.message), e.message); pendingSince = null; return; }
+      stats.pending = false; $("status").textContent = ""; showError(null);
       const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
       load(body); advanceTo(keep * body.time_s);
+      stats.timing = { fetch: 0, parse: 0, load: performance.now() - pendingSince };
       return;
     }
     const r = await fetch("api/simulate", { method: "POST", headers: { "content-type": "application/json" },
@@ -102,8 +133,9 @@ async function refresh() {
       setTimeout(() => { if (seq === simSeq) refresh(); }, 1000 * Number(r.headers.get("retry-after") || 1));
       return;
     }
-    if (!r.ok) { $("status").textContent = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail); pendingSince = null; return; }
-    $("status").textContent = "";
+    if (!r.ok) { const m = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+                 $("status").textContent = ""; showError(fieldOf(m), m); pendingSince = null; return; }
+    $("status").textContent = ""; showError(null);
     const keep = data && data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0;
     load(body);
     advanceTo(keep * body.time_s);                                // a change keeps the position
@@ -139,10 +171,15 @@ function load(d) {
     const j = roundIndex.get(t.round[i]);
     roundStart[j] = Math.min(roundStart[j], t.start[i]); roundDone[j] = Math.max(roundDone[j], t.done[i]);
   }
+  const never = new Set();                              // rounds a failure keeps from completing
+  if (d.failure) for (let i = 0; i < n; i++) if (!d.failure.completed[i]) never.add(roundIndex.get(t.round[i]));
   const codedPerWorker = new Int32Array(d.placement.length);
   for (let i = 0; i < n; i++) if (t.op[i] === CODED) codedPerWorker[t.dst[i]]++;
-  anim = { byStart, byDone, cut, span, nodes: d.placement.length, k, roundIndex, roundStart, roundDone,
+  anim = { byStart, byDone, cut, span, nodes: d.placement.length, k, roundIndex, roundStart, roundDone, never,
            codedPerWorker, startPtr: 0, donePtr: 0, active: new Set(), state: null, coded: null, current: -1 };
+  anim.followSets = new Map();
+  if (follow !== null && (follow >= anim.k || d.estimate)) follow = null;
+  if (follow !== null) anim.followSets = followSets(follow);
   resetState();
   simNow = 0;
   layoutView();
@@ -152,17 +189,31 @@ function load(d) {
   $("total-time").dataset.timeS = String(d.time_s);
   const opts = Object.entries(d.options || {}).filter(([, v]) => v !== null).map(([key, v]) => `${key}=${v}`).join(", ");
   $("summary").textContent = `${d.algorithm}${opts ? " (" + opts + ")" : ""} on ${d.topology.name}: ` +
-    `${d.workers} workers, ${fmtBytes(d.bytes)}, ${d.rounds} rounds — ${d.topology.description}`;
+    `${d.workers} workers, ${fmtBytes(d.bytes)}, ${d.rounds} rounds — ${describeLinks(d)}`;
   stats.drawnWorkers = d.workers;
   stats.loadedAt = performance.now();
   stats.timeS = d.time_s;
+  stats.failure = d.failure ? { device: d.failure.device, at_s: d.failure.at_s } : null;
+  speedLabel();
   markChart();
+}
+
+// The topology's description with the links in force: a bandwidth or latency set in the
+// fields replaces the preset's figures (every link then has it).
+function describeLinks(d) {
+  const set = [];
+  if (filled("bandwidth")) set.push(`every link ${fmtBytes(d.topology.links[0].bandwidth)}/s`);
+  if (filled("latency")) set.push(`${fmtTime(d.topology.links[0].latency)} latency per link`);
+  if (!set.length) return d.topology.description;
+  const plain = d.topology.description.replace(/\s*\(?[0-9.]+\s?[kMGT]?B\/s( links| per link)?\)?/g, "").replace(/\s*\(\)/g, "");
+  return `${plain}; ${set.join(", ")} (set)`;
 }
 
 function resetState() {
   anim.state = Array.from({ length: anim.nodes }, (_, node) => new Int32Array(anim.k).fill(node < data.workers ? 1 : 0));
   anim.coded = new Int32Array(anim.nodes);
-  anim.startPtr = 0; anim.donePtr = 0; anim.active = new Set();
+  anim.sets = follow === null ? null : Array.from({ length: anim.nodes }, (_, node) => (node < data.workers ? [node] : []));
+  anim.startPtr = 0; anim.donePtr = 0; anim.active = new Set(); anim.stopped = new Set();
 }
 
 // Apply every event up to time `now`: starts enter the active set, completions update buffers.
@@ -175,12 +226,53 @@ function advanceTo(now) {
   while (anim.donePtr < anim.byDone.length && t.done[anim.byDone[anim.donePtr]] <= now) {
     const i = anim.byDone[anim.donePtr++];
     anim.active.delete(i);
-    if (anim.cut[i] < Infinity) continue;                   // never arrived: a failure cut it
+    if (anim.cut[i] < Infinity) { if (anim.cut[i] > t.start[i]) anim.stopped.add(i); continue; }   // a failure cut it: it stays where it stopped
     if (t.op[i] === CODED) { anim.coded[t.dst[i]]++; continue; }
     const buf = anim.state[t.dst[i]], carried = t.carried[i];
     for (let c = anim.span[2 * i]; c < anim.span[2 * i + 1]; c++) buf[c] = t.op[i] === REDUCE ? buf[c] + carried : carried;
+    if (anim.sets && anim.followSets.has(i)) {
+      const got = anim.followSets.get(i);
+      anim.sets[t.dst[i]] = t.op[i] === REDUCE ? [...new Set([...anim.sets[t.dst[i]], ...got])].sort((a, b) => a - b) : got;
+    }
   }
   simNow = now;
+}
+
+// ---- following one chunk -----------------------------------------------------------------------
+// Clicking a buffer cell follows that chunk: the others are dimmed and each buffer's partial sum
+// of it is written out (a0 + a2 + a3: worker i's input is a_i). Which inputs a packet carries is
+// what its sender held when its round began, as schedule.carried_inputs counts them (a test
+// checks the sizes against its counts).
+let follow = null;
+function followSets(c) {
+  const t = data.transfers, held = Array.from({ length: anim.nodes }, (_, n) => (n < data.workers ? [n] : []));
+  const carried = new Map(), order = [...t.src.keys()].filter((i) => t.op[i] !== CODED && anim.span[2 * i] <= c && c < anim.span[2 * i + 1])
+    .sort((a, b) => t.round[a] - t.round[b]);
+  for (let q = 0; q < order.length;) {
+    const r = t.round[order[q]], batch = [];
+    while (q < order.length && t.round[order[q]] === r) batch.push(order[q++]);
+    for (const i of batch) carried.set(i, held[t.src[i]].slice());          // snapshots first, then the writes
+    for (const i of batch) held[t.dst[i]] = t.op[i] === REDUCE ? [...new Set([...held[t.dst[i]], ...carried.get(i)])].sort((a, b) => a - b) : carried.get(i);
+  }
+  return carried;
+}
+function setFollow(c) {
+  follow = c === null || data.estimate || c >= anim.k ? null : c;
+  anim.followSets = follow === null ? new Map() : followSets(follow);
+  const now = simNow; resetState(); simNow = 0; advanceTo(now);
+  stats.follow = follow;
+  updateFollow();
+}
+function partialSum(set) { return set.length ? set.map((w) => `a${w}`).join(" + ") : "nothing yet"; }
+function updateFollow() {
+  const box = $("follow");
+  if (follow === null || !anim.sets) { box.textContent = data && !data.estimate ? "Click a buffer's cell to follow that chunk." : ""; return; }
+  const n = data.workers, parts = [];
+  for (let s = 0; s < Math.min(anim.nodes, 8); s++) {
+    const set = anim.sets[s], name = data.topology.nodes[data.placement[s]].name;
+    parts.push(`${name}: ${set.length === n ? `a0 + … + a${n - 1} (all ${n})` : set.length > 6 ? `${set.length} of ${n} inputs` : partialSum(set)}`);
+  }
+  box.textContent = `Chunk ${follow} (click it again to stop) — ` + parts.join("; ") + (anim.nodes > 8 ? "; …" : "");
 }
 
 // Per cell, the fraction of the N inputs it holds (coded: packets received of those due; the
@@ -201,9 +293,10 @@ let geom = null;                    // per node: x, y, radius; per link: control
 
 function layoutView() {
   V = fit(view, undefined);
-  const { w, h } = V, nodes = data.topology.nodes, many = data.workers > 16;
-  const pad = Math.max(34, Math.min(w, h) * (many ? 0.05 : 0.09));
-  const x = (nd) => pad + nd.x * (w - 2 * pad), y = (nd) => pad + nd.y * (h - 2 * pad);
+  const { w, h } = V, nodes = data.topology.nodes;
+  // one scale for x and y (a ring stays a circle), centred in the canvas
+  const side = Math.min(w, h), pad = Math.max(34, side * 0.07), ox = (w - side) / 2, oy = (h - side) / 2;
+  const x = (nd) => ox + pad + nd.x * (side - 2 * pad), y = (nd) => oy + pad + nd.y * (side - 2 * pad);
   const links = new Map();
   for (const l of data.topology.links) {
     const a = nodes[l.a], b = nodes[l.b], ax = x(a), ay = y(a), bx = x(b), by = y(b);
@@ -211,8 +304,67 @@ function layoutView() {
     const cx = (ax + bx) / 2 + (-(by - ay) / len) * bend * len, cy = (ay + by) / 2 + ((bx - ax) / len) * bend * len;
     links.set(l.a + "," + l.b, { cx, cy }); links.set(l.b + "," + l.a, { cx, cy });
   }
-  geom = { x: nodes.map(x), y: nodes.map(y), r: nodes.map((nd) => (nd.kind === "switch" || nd.kind === "nic" ? 7 : many ? 6 : 11)), links };
+  const X = nodes.map(x), Y = nodes.map(y);
+  let near = Infinity;                               // the closest two nodes set the nodes' size
+  for (let i = 0; i < nodes.length; i++) for (let j = 0; j < i; j++) near = Math.min(near, Math.hypot(X[i] - X[j], Y[i] - Y[j]));
+  const r = Math.max(2, Math.min(11, 0.28 * near, near / 2 - 3.2));   // node and progress ring clear of the next
+  geom = { x: X, y: Y, r: nodes.map((nd) => (nd.kind === "switch" || nd.kind === "nic" ? Math.min(7, r) : r)), links };
+  geom.packet = Math.max(3, Math.min(5.5, 0.5 * r));
+  placeLabels();
   drawStatic();
+}
+
+// ---- where labels and buffers go: nothing drawn over anything else ------------------------------
+// Node marks are placed first; then the buffer strips, as large as fit (cells scale with the
+// canvas; where none fit, each worker gets a progress ring instead); then names, link labels
+// and the busiest-link note, each only where it overlaps nothing placed before it.
+const overlaps = (a, b) => a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+const CELL_WIDTHS = [30, 26, 22, 19, 16, 14, 12, 10, 8, 6, 5, 4, 3];
+function placeLabels() {
+  const nodes = data.topology.nodes, k = anim.k, g = V.g, boxes = [];
+  const inside = (b) => b.x0 >= 0 && b.y0 >= 0 && b.x1 <= V.w && b.y1 <= V.h;
+  const free = (b) => inside(b) && !boxes.some((o) => overlaps(o, b));   // boxes of nodes are never tested against each other
+  const ring = (i) => geom.r[i] + 3;                  // the node and its progress ring (a circle; its box for the rest)
+  nodes.forEach((_, i) => boxes.push({ kind: "node", owner: i, cx: geom.x[i], cy: geom.y[i], radius: ring(i),
+    x0: geom.x[i] - ring(i), y0: geom.y[i] - ring(i), x1: geom.x[i] + ring(i), y1: geom.y[i] + ring(i) }));
+  geom.equallyBusy = equallyBusy(data.topology.links.map((l) => (data.time_s > 0 ? l.busy_s / data.time_s : 0)));
+  if (geom.equallyBusy) boxes.push({ kind: "note", x0: 6, y0: 4, x1: 6 + 330, y1: 20 });
+  geom.cell = null;
+  const workers = Array.from({ length: anim.nodes }, (_, s) => data.placement[s]);
+  for (const w of CELL_WIDTHS) {
+    const h = Math.max(10, Math.min(26, Math.round(w * 0.9))), numbers = k <= 8 && w >= 12;
+    const strips = workers.map((nd, s) => ({ kind: "buffer", owner: s, x0: geom.x[nd] - (w * k) / 2, y0: geom.y[nd] + geom.r[nd] + 4,
+      x1: geom.x[nd] + (w * k) / 2, y1: geom.y[nd] + geom.r[nd] + 4 + h + (numbers ? 14 : 0) + (data.estimate ? 14 : 0) }));
+    const clear = strips.every((b, j) => inside(b) && !boxes.some((o) => overlaps(o, b)) && !strips.some((o, q) => q !== j && overlaps(o, b)));
+    if (clear) { geom.cell = { w, h, numbers }; boxes.push(...strips); break; }
+  }
+  font(g, 12);
+  geom.names = new Map();
+  for (const i of [...nodes.keys()].sort((a, b) => (nodes[a].kind === "gpu") - (nodes[b].kind === "gpu"))) {
+    const tw = g.measureText(nodes[i].name).width, base = geom.y[i] - geom.r[i] - 2;
+    for (const x0 of [geom.x[i] + ring(i) + 1, geom.x[i] - ring(i) - 1 - tw]) {     // right of the node, else left
+      const b = { kind: "name", owner: i, x0, y0: base - 11, x1: x0 + tw, y1: base + 3 };
+      if (free(b)) { boxes.push(b); geom.names.set(i, x0); break; }
+    }
+  }
+  font(g, 11);
+  geom.linkLabels = new Map();
+  data.topology.links.forEach((l, j) => {
+    if (data.topology.links.length > 24) return;
+    const c = geom.links.get(l.a + "," + l.b), text = fmtBytes(l.bandwidth) + "/s";
+    const b = { kind: "link", owner: j, x0: c.cx + 4, y0: c.cy + 3, x1: c.cx + 4 + g.measureText(text).width, y1: c.cy + 17 };
+    if (free(b)) { boxes.push(b); geom.linkLabels.set(j, { x: c.cx + 4, y: c.cy + 14, text }); }
+  });
+  geom.busiestLabel = null;
+  const util = data.topology.links.map((l) => (data.time_s > 0 ? l.busy_s / data.time_s : 0)), top = util.indexOf(Math.max(...util));
+  if (!geom.equallyBusy && top >= 0 && util[top] > 0) {
+    const l = data.topology.links[top], c = geom.links.get(l.a + "," + l.b), text = `busiest: ${Math.round(util[top] * 100)}% busy`, tw = g.measureText(text).width;
+    for (const [dx, dy] of [[6, -6], [-tw - 6, -6], [6, 18], [-tw - 6, 18]]) {
+      const b = { kind: "busiest", x0: c.cx + dx, y0: c.cy + dy - 11, x1: c.cx + dx + tw, y1: c.cy + dy + 3 };
+      if (free(b)) { boxes.push(b); geom.busiestLabel = { x: c.cx + dx, y: c.cy + dy, text }; break; }
+    }
+  }
+  geom.boxes = boxes;
 }
 
 function curve(g, a, b) {
@@ -226,7 +378,7 @@ function drawStatic() {
   staticLayer.width = view.width; staticLayer.height = view.height;
   const g = staticLayer.getContext("2d");
   g.setTransform(dpr, 0, 0, dpr, 0, 0);
-  const nodes = data.topology.nodes, links = data.topology.links, many = data.workers > 16;
+  const nodes = data.topology.nodes, links = data.topology.links;
   const util = links.map((l) => (data.time_s > 0 ? l.busy_s / data.time_s : 0));
   const busiest = util.indexOf(Math.max(...util));
   const maxBw = Math.max(...links.map((l) => l.bandwidth));
@@ -237,26 +389,53 @@ function drawStatic() {
     g.lineWidth = 1 + 4 * l.bandwidth / maxBw;
     g.beginPath(); curve(g, l.a, l.b); g.stroke();
   });
-  if (busiest >= 0 && util[busiest] > 0) {
+  // The algorithm's own structure (a tree's parents and children, a hierarchy's rails, a ring
+  // over a switch), when its routes do not show it: a dashed line per pair that talks.
+  const pairs = new Map(), t = data.transfers;
+  for (let i = 0; i < t.src.length; i++) {
+    const a = Math.min(t.src[i], t.dst[i]), b = Math.max(t.src[i], t.dst[i]);
+    if (!pairs.has(a * 4096 + b)) pairs.set(a * 4096 + b, t.path[i].length > 2);
+  }
+  stats.logical = 0;
+  if (pairs.size <= 2 * data.workers && [...pairs.values()].some(Boolean)) {
+    g.strokeStyle = "rgba(226, 232, 240, 0.55)"; g.setLineDash([3, 4]); g.lineWidth = 1.2;
+    for (const key of pairs.keys()) {
+      const a = data.placement[Math.floor(key / 4096)], b = data.placement[key % 4096];
+      g.beginPath(); g.moveTo(geom.x[a], geom.y[a]); g.lineTo(geom.x[b], geom.y[b]); g.stroke();
+    }
+    g.setLineDash([]);
+    stats.logical = pairs.size;
+  }
+  $("legend-logical").hidden = !stats.logical;
+  const even = geom.equallyBusy;
+  stats.equallyBusy = even;
+  if (even) {                                        // a symmetric ring: no link is the bottleneck
+    font(g, 12); g.fillStyle = "#fbbf24";
+    g.fillText(`all ${util.filter((u) => u > 0).length} links in use equally busy: ${Math.round(util[busiest] * 100)}% of the time`, 8, 16);
+  } else if (busiest >= 0 && util[busiest] > 0) {
     const l = links[busiest], c = geom.links.get(l.a + "," + l.b);
     g.strokeStyle = "#fbbf24"; g.setLineDash([6, 4]); g.lineWidth = 1.5;
     g.beginPath(); curve(g, l.a, l.b); g.stroke(); g.setLineDash([]);
     font(g, 11); g.fillStyle = "#fbbf24";
-    g.fillText(`busiest: ${Math.round(util[busiest] * 100)}% busy`, c.cx + 6, c.cy - 6);
+    if (geom.busiestLabel) g.fillText(geom.busiestLabel.text, geom.busiestLabel.x, geom.busiestLabel.y);
   }
-  if (!many && links.length <= 24 && V.w >= 600) {
-    font(g, 11); g.fillStyle = "#64748b";
-    for (const l of links) { const c = geom.links.get(l.a + "," + l.b); g.fillText(fmtBytes(l.bandwidth) + "/s", c.cx + 4, c.cy + 14); }
-  }
+  font(g, 11); g.fillStyle = "#64748b";
+  for (const { x, y, text } of geom.linkLabels.values()) g.fillText(text, x, y);
   nodes.forEach((nd, i) => {
     g.fillStyle = nd.kind === "gpu" || nd.kind === "host" ? "#1d4ed8" : nd.kind === "cpu" ? "#15803d" : "#475569";
     g.beginPath();
-    if (nd.kind === "switch" || nd.kind === "nic") g.rect(geom.x[i] - 8, geom.y[i] - 8, 16, 16); else g.arc(geom.x[i], geom.y[i], geom.r[i], 0, 2 * Math.PI);
+    const r = geom.r[i];
+    if (nd.kind === "switch" || nd.kind === "nic") g.rect(geom.x[i] - r, geom.y[i] - r, 2 * r, 2 * r); else g.arc(geom.x[i], geom.y[i], r, 0, 2 * Math.PI);
     g.fill();
-    if (!many || nd.kind !== "gpu" && nd.kind !== "host") {
-      font(g, 12); g.fillStyle = "#e2e8f0"; g.fillText(nd.name, geom.x[i] + geom.r[i] + 3, geom.y[i] - geom.r[i] - 2);
-    }
+    if (geom.names.has(i)) { font(g, 12); g.fillStyle = "#e2e8f0"; g.fillText(nd.name, geom.names.get(i), geom.y[i] - r - 2); }
   });
+}
+
+// Whether every link that carries data is as busy as the busiest (within 1%): then none is
+// marked "busiest", as if it were the bottleneck.
+function equallyBusy(util) {
+  const used = util.filter((u) => u > 0);
+  return used.length > 1 && Math.min(...used) >= 0.99 * Math.max(...used);
 }
 
 // Where a transfer is at fraction f of its path (f clamped to [0, 1]; curves followed).
@@ -273,9 +452,22 @@ function pointOnPath(path, f) {
 }
 
 // A packet: a dot in its chunk's colour, a bar of colours for several chunks, a diamond for coded.
-function drawPacket(g, i, x, y, failed) {
+// Packets shrink with the nodes (no jump at some N): 5.5 px beside full-size nodes, 3 at the least.
+function packetSize() { return geom.packet; }
+
+// An arrowhead ahead of a packet, pointing where it goes.
+function arrow(g, x, y, ux, uy, size) {
+  const tip = size + 5, back = size + 1;
+  g.fillStyle = "#f8fafc"; g.beginPath();
+  g.moveTo(x + ux * tip, y + uy * tip);
+  g.lineTo(x + ux * back - uy * 3, y + uy * back + ux * 3); g.lineTo(x + ux * back + uy * 3, y + uy * back - ux * 3);
+  g.fill();
+}
+
+function drawPacket(g, i, x, y, failed, ux = 0, uy = 0) {
   const t = data.transfers, k = anim.k, c0 = anim.span[2 * i], c1 = anim.span[2 * i + 1];
-  const size = data.workers > 16 ? 3.5 : 5.5;
+  const size = packetSize();
+  if (!failed && (ux || uy) && size >= 4) arrow(g, x, y, ux, uy, t.op[i] === CODED || c1 - c0 === 1 ? size : 2 * size);
   if (failed) { g.fillStyle = FAIL_COLOR; g.beginPath(); g.arc(x, y, size, 0, 2 * Math.PI); g.fill(); return; }
   if (t.op[i] === CODED) {
     g.fillStyle = CODED_COLOR; g.beginPath();
@@ -307,13 +499,16 @@ function drawPackets(g) {
   for (const { x, y, dx, dy, items } of buckets.values()) {
     const len = Math.hypot(dx, dy) || 1, nx = -dy / len, ny = dx / len, shown = Math.min(items.length, 5);
     for (let j = 0; j < shown; j++) {
-      const o = (j - (shown - 1) / 2) * (data.workers > 16 ? 5 : 9);
-      drawPacket(g, items[j], x + nx * o, y + ny * o, false);
+      const o = (j - (shown - 1) / 2) * (packetSize() * 1.6);
+      const i = items[j], carries = follow === null || (anim.span[2 * i] <= follow && follow < anim.span[2 * i + 1]);
+      g.globalAlpha = carries ? 1 : 0.15;
+      drawPacket(g, i, x + nx * o, y + ny * o, false, dx / len, dy / len);
+      g.globalAlpha = 1;
     }
     if (items.length > 1) { font(g, 11, "bold"); g.fillStyle = "#f8fafc"; g.fillText(`×${items.length}`, x + nx * 24 + 4, y + ny * 24 + 4); }
   }
   // where a failure stopped a transfer: a red mark at the point it reached
-  for (const i of anim.active) if (anim.cut[i] < Infinity && simNow >= anim.cut[i] && anim.cut[i] > t.start[i]) {
+  for (const i of [...anim.active, ...anim.stopped]) if (anim.cut[i] < Infinity && simNow >= anim.cut[i] && anim.cut[i] > t.start[i]) {
     const [x, y] = pointOnPath(t.path[i], (anim.cut[i] - t.start[i]) / Math.max(t.done[i] - t.start[i], 1e-15));
     drawPacket(g, i, x, y, true);
   }
@@ -321,9 +516,8 @@ function drawPackets(g) {
 
 // Each worker's buffer: its chunks side by side, each filling in its chunk's colour as inputs arrive.
 function cellGeometry(node) {
-  const k = anim.k, many = data.workers > 16;
-  if (many) return null;
-  const w = Math.max(3, Math.min(16, Math.min(120, V.w * 0.16) / k)), h = 14;
+  if (!geom.cell) return null;
+  const { w, h } = geom.cell, k = anim.k;
   const nd = data.placement[node], x0 = geom.x[nd] - (w * k) / 2, y0 = geom.y[nd] + geom.r[nd] + 4;
   return { x0, y0, w, h };
 }
@@ -337,13 +531,14 @@ function drawBuffers(g) {
       let sum = 0;
       for (let c = 0; c < k; c++) sum += cellFill(s, c);
       const f = sum / k;
-      g.strokeStyle = refused && f >= 1 ? FAIL_COLOR : f >= 1 ? "#4ade80" : "#94a3b8"; g.lineWidth = 2.5;
-      g.beginPath(); g.arc(geom.x[nd], geom.y[nd], geom.r[nd] + 3, -Math.PI / 2, -Math.PI / 2 + 2 * Math.PI * f); g.stroke();
+      g.strokeStyle = refused && f >= 1 ? FAIL_COLOR : f >= 1 ? "#4ade80" : "#94a3b8"; g.lineWidth = 2;
+      g.beginPath(); g.arc(geom.x[nd], geom.y[nd], geom.r[nd] + 2, -Math.PI / 2, -Math.PI / 2 + 2 * Math.PI * f); g.stroke();
       continue;
     }
     const { x0, y0, w, h } = box;
     for (let c = 0; c < k; c++) {
       const f = cellFill(s, c), x = x0 + c * w;
+      g.globalAlpha = follow === null || c === follow ? 1 : 0.2;
       g.fillStyle = "#1e293b"; g.fillRect(x, y0, w - 1, h);
       if (f > 0) {
         g.fillStyle = est ? (f >= 1 ? (refused ? FAIL_COLOR : chunkColor(c, k)) : CODED_COLOR) : chunkColor(c, k, f >= 1 ? 55 : 40);
@@ -351,12 +546,19 @@ function drawBuffers(g) {
       }
       if (f >= 1 && !refused) { g.strokeStyle = DONE_RING; g.lineWidth = 1; g.strokeRect(x + 0.5, y0 + 0.5, w - 2, h - 1); }
     }
-    if (k <= 8 && w >= 12) {
+    g.globalAlpha = 1;
+    if (geom.cell.numbers) {
       font(g, 11); g.fillStyle = "#cbd5e1";
       for (let c = 0; c < k; c++) g.fillText(String(c), x0 + c * w + w / 2 - 3, y0 + h + 12);
     }
-    if (refused && simNow >= data.time_s) { font(g, 11, "bold"); g.fillStyle = FAIL_COLOR; g.fillText("refused", x0, y0 + h + 24); }
+    if (refused && simNow >= data.time_s) { font(g, 11, "bold"); g.fillStyle = FAIL_COLOR; g.fillText("refused", x0, y0 + h + (geom.cell.numbers ? 26 : 12)); }
   }
+}
+
+function redName(g, nd) {
+  if (!geom.names.has(nd)) return;
+  font(g, 12); g.fillStyle = FAIL_COLOR;
+  g.fillText(data.topology.nodes[nd].name, geom.names.get(nd), geom.y[nd] - geom.r[nd] - 2);
 }
 
 function drawFailure(g) {
@@ -367,16 +569,16 @@ function drawFailure(g) {
     g.fillStyle = FAIL_COLOR; g.strokeStyle = FAIL_COLOR;
     if (s.node === data.failure.device) {
       g.lineWidth = 3; g.beginPath();
-      g.moveTo(x - 12, y - 12); g.lineTo(x + 12, y + 12); g.moveTo(x + 12, y - 12); g.lineTo(x - 12, y + 12); g.stroke();
-      font(g, 12, "bold"); g.fillText("failed", x + 14, y + 4);
+      const a = geom.r[nd] + 2;                      // the cross stays inside the node's own box
+      g.moveTo(x - a, y - a); g.lineTo(x + a, y + a); g.moveTo(x + a, y - a); g.lineTo(x - a, y + a); g.stroke();
+      redName(g, nd);
       // a pulse: the failed device stays visibly "alive" in the drawing even when nothing else moves
       const phase = (performance.now() % 1200) / 1200;
-      g.globalAlpha = 1 - phase; g.lineWidth = 2; g.beginPath(); g.arc(x, y, 14 + 14 * phase, 0, 2 * Math.PI); g.stroke();
+      g.globalAlpha = 0.6 * (1 - phase); g.lineWidth = 2; g.beginPath(); g.arc(x, y, geom.r[nd] + 3 + 10 * phase, 0, 2 * Math.PI); g.stroke();
       g.globalAlpha = 1;
-    } else if (data.workers <= 16) {
-      font(g, 11, "bold"); g.fillText("PeerError", x + 14, y + 4);
-    } else {
-      g.lineWidth = 2; g.beginPath(); g.arc(x, y, geom.r[nd] + 6, 0, 2 * Math.PI); g.stroke();
+    } else {                                         // PeerError: a red ring and a red name (the panel says the rest)
+      g.lineWidth = 2; g.beginPath(); g.arc(x, y, geom.r[nd] + 2, 0, 2 * Math.PI); g.stroke();
+      redName(g, nd);
     }
   }
 }
@@ -408,24 +610,52 @@ const timeline = $("timeline");
 let T = null, timelineLayer = document.createElement("canvas");
 const GUTTER = 64;
 
+// Lanes: each sender gets as many rows as it has transfers at once (up to what fits), so
+// concurrent sends (two rings, sharded's N - 1) are side by side, not painted over each other.
+function timelineLanes() {
+  const t = data.transfers, senders = data.workers + (data.placement.length > data.workers ? 1 : 0);
+  const most = Math.max(1, Math.min(6, Math.floor(120 / (senders * 3)))), lane = new Int32Array(t.src.length);
+  const ends = Array.from({ length: senders }, () => []);
+  for (const i of [...t.src.keys()].sort((a, b) => t.start[a] - t.start[b])) {
+    const e = ends[Math.min(t.src[i], senders - 1)];
+    let l = e.findIndex((end) => end <= t.start[i] * (1 + 1e-12));
+    if (l < 0) l = e.length < most ? e.push(0) - 1 : e.indexOf(Math.min(...e));
+    e[l] = Math.max(e[l], t.done[i]); lane[i] = l;
+  }
+  const first = []; let rows = 0;
+  for (const e of ends) { first.push(rows); rows += Math.max(1, e.length); }
+  return { lane, first, rows, senders };
+}
+
 function drawTimeline() {
-  const rows = data.workers + (data.placement.length > data.workers ? 1 : 0);
-  const rowH = Math.max(3, Math.min(14, 220 / rows));
+  const L = timelineLanes(), rows = L.rows;
+  const rowH = Math.max(2, Math.min(12, 110 / rows));   // at most ~134 px: the timeline stays above the fold
   T = fit(timeline, Math.round(rows * rowH + 24));
-  T.rowH = rowH; T.rows = rows;
+  T.rowH = rowH; T.rows = rows; T.lanes = L;
   timelineLayer.width = timeline.width; timelineLayer.height = timeline.height;
   const g = timelineLayer.getContext("2d"), t = data.transfers, k = anim.k;
   g.setTransform(T.dpr, 0, 0, T.dpr, 0, 0);
   const X = (s) => GUTTER + (s / Math.max(data.time_s, 1e-15)) * (T.w - GUTTER - 8);
   font(g, 11); g.fillStyle = "#94a3b8";
-  const every = Math.ceil(12 / rowH);
-  for (let r = 0; r < rows; r += every)
-    g.fillText(r < data.workers ? data.topology.nodes[data.placement[r]].name : "helper", 4, 12 + r * rowH + rowH / 2 - 2);
+  let lastLabel = -Infinity;
+  L.first.forEach((row, s) => {
+    const y = 12 + row * rowH + Math.min(rowH, 12) / 2 + 3;
+    if (y - lastLabel < 12) return;                      // labels never overlap: some rows go unnamed
+    g.fillText(s < data.workers ? data.topology.nodes[data.placement[s]].name : "helper", 4, y); lastLabel = y;
+  });
   for (let i = 0; i < t.src.length; i++) {
-    const row = Math.min(t.src[i], rows - 1), x0 = X(t.start[i]), x1 = X(Math.min(t.done[i], anim.cut[i]));
+    const row = L.first[Math.min(t.src[i], L.senders - 1)] + L.lane[i], x0 = X(t.start[i]), x1 = X(Math.min(t.done[i], anim.cut[i]));
+    if (anim.cut[i] < Infinity) {                        // what the failure keeps from happening: a grey ghost
+      g.strokeStyle = "#475569"; g.lineWidth = 1;
+      g.strokeRect(Math.max(x0, x1) + 0.5, 12 + row * rowH + 0.5, Math.max(X(t.done[i]) - Math.max(x0, x1) - 1, 0.8), Math.max(rowH - 1.5, 0.8));
+    }
     if (!(x1 > x0)) continue;
-    g.fillStyle = t.op[i] === CODED ? CODED_COLOR : chunkColor(anim.span[2 * i], k, t.op[i] === REDUCE ? 50 : 65);
-    g.fillRect(x0, 12 + row * rowH + 0.5, Math.max(x1 - x0 - 0.5, 0.8), Math.max(rowH - 1, 1));
+    // a transfer of several chunks is striped in their colours, not painted as its first
+    const c0 = anim.span[2 * i], c1 = anim.span[2 * i + 1], stripes = t.op[i] === CODED ? 1 : Math.min(c1 - c0, 4), h = Math.max(rowH - 1, 1);
+    for (let q = 0; q < stripes; q++) {
+      g.fillStyle = t.op[i] === CODED ? CODED_COLOR : chunkColor(c0 + Math.floor(q * (c1 - c0) / stripes), k, t.op[i] === REDUCE ? 50 : 65);
+      g.fillRect(x0, 12 + row * rowH + 0.5 + (q * h) / stripes, Math.max(x1 - x0 - 0.5, 0.8), h / stripes);
+    }
   }
   if (data.failure) {
     g.fillStyle = FAIL_COLOR; const x = X(data.failure.at_s);
@@ -457,7 +687,30 @@ function currentStep() {
   return last;
 }
 
+// After a failure the story is the failure's: who has died, who has stopped, what never happens.
+function failureStory() {
+  const f = data.failure;
+  if (!f || simNow < f.at_s) return null;
+  const name = (node) => data.topology.nodes[data.placement[node]].name, last = Math.max(...f.stopped.map((s) => s.at_s));
+  const stopped = f.stopped.filter((s) => s.node !== f.device && s.at_s <= simNow).length, peers = f.stopped.length - 1;
+  const never = anim.never.size;
+  if (simNow < last) return { key: `f${stopped}`, text: `${name(f.device)} (rank ${f.device}) died at ${fmtTime(f.at_s)}. ` +
+    `${stopped} of ${peers} peers have stopped so far: each raises PeerError naming rank ${f.device} when the transfer it waits for cannot finish.`,
+    detail: `${never} of ${data.narration.length} rounds will not complete.` };
+  return { key: "done", text: `The collective was abandoned: ${name(f.device)} (rank ${f.device}) died at ${fmtTime(f.at_s)}, and by ` +
+    `${fmtTime(last)} every survivor had raised PeerError naming it; none hangs.`,
+    detail: `${never} of ${data.narration.length} rounds never complete (greyed in the list); the restart with the survivors is below.` };
+}
+
 function updateNarration() {
+  const story = failureStory();
+  if (story) {
+    if (anim.current === story.key) return;
+    anim.current = story.key;
+    $("narration").textContent = story.text; $("narration-detail").textContent = story.detail;
+    stats.narrated = story.text;
+    return;
+  }
   const j = currentStep();
   if (j === anim.current) return;
   anim.current = j;
@@ -466,7 +719,7 @@ function updateNarration() {
   $("narration").textContent = step.text;
   $("narration-detail").textContent = step.transfers;
   const items = $("steps").children;
-  for (let q = 0; q < items.length; q++) items[q].className = q === j ? "now" : q < j ? "done" : "";
+  for (let q = 0; q < items.length; q++) items[q].className = (q === j ? "now" : q < j ? "done" : "") + (anim.never.has(q) ? " never" : "");
   const li = items[j];
   if (li) { const box = $("steps"); box.scrollTop = Math.max(0, li.offsetTop - box.offsetTop - box.clientHeight / 3); }
   stats.narrated = step.text;
@@ -478,7 +731,10 @@ function renderPanels() {
   const b = util.indexOf(Math.max(...util)), busiest = d.topology.links[b];
   const rows = [["simulated time", fmtTime(d.time_s)], ["bus bandwidth", d.busbw_GBps.toPrecision(3) + " GB/s"],
     ["rounds", d.rounds], ["transfers", d.transfers.src.length],
+    equallyBusy(util) ? ["links", `all ${util.filter((u) => u > 0).length} in use equally busy, ${Math.round(util[b] * 100)}% of the time`] :
     ["busiest link", busiest && busiest.bytes ? `${nodes[busiest.a].name}–${nodes[busiest.b].name}: ${fmtBytes(busiest.bytes)}, busy ${Math.round(util[b] * 100)}% of the time` : "-"]];
+  if (d.algorithm === "ring" && d.topology.preset === "p3.16xlarge" && d.workers === 8 && d.bytes === 160e6 && !filled("bandwidth") && !filled("latency"))
+    rows.push(["D2L's figure", `about 6 ms on 8 V100s for 160 MB (its "Parameter Servers" chapter); simulated here: ${fmtTime(d.time_s)}`]);
   if (d.estimate) {
     const e = d.estimate;
     const shown = e.error === null ? "not finite" : e.error.toPrecision(3);
@@ -496,7 +752,7 @@ function renderPanels() {
   steps.innerHTML = "";
   const frag = document.createDocumentFragment();
   d.narration.forEach((s, j) => {
-    const li = document.createElement("li"); li.textContent = s.text;
+    const li = document.createElement("li"); li.textContent = s.text; if (anim.never.has(j)) li.className = "never";
     li.onclick = () => { playing = false; $("play").textContent = "play"; advanceTo(anim.roundStart[j] + 1e-15 * d.time_s); };
     frag.appendChild(li);
   });
@@ -531,13 +787,21 @@ function updateFailureEvents() {
 }
 
 // ---- the frame loop ----------------------------------------------------------------------------
+function playSeconds() { return Math.min(PLAY_LIMITS[1], Math.max(PLAY_LIMITS[0], ROUND_SECONDS * Math.max(data.rounds, 1))); }
+function speedLabel() {
+  if (!data) return;
+  const perRound = playSeconds() / Math.max(data.rounds, 1) / Math.pow(10, speedExp);
+  $("speed-label").textContent = `1 round ≈ ${perRound >= 10 ? perRound.toFixed(0) : perRound.toPrecision(2)} s`;
+  stats.secondsPerRound = perRound;
+}
+
 function frame(ts) {
   requestAnimationFrame(frame);                       // first: nothing below can end the loop
   if (lastFrame !== null) {
     const dt = ts - lastFrame;
     stats.fps = stats.fps ? 0.9 * stats.fps + 0.1 * (1000 / Math.max(dt, 1)) : 1000 / Math.max(dt, 1);
     if (data && playing) {
-      const rate = data.time_s / (PLAY_SECONDS * 1000) * Math.pow(10, speedExp);
+      const rate = data.time_s / (playSeconds() * 1000) * Math.pow(10, speedExp);
       let next = simNow + dt * rate;
       if (next > data.time_s * 1.15) next = 0;           // loop, with a short pause at the end
       advanceTo(next);
@@ -553,13 +817,14 @@ function render() {
   const g = V.g;
   g.clearRect(0, 0, V.w, V.h);
   g.drawImage(staticLayer, 0, 0, V.w, V.h);
-  drawPackets(g);
   drawBuffers(g);
+  if (!hidePackets) drawPackets(g);                  // packets pass over the buffers, never under
   drawFailure(g);
   drawHover(g);
   drawCursor();
   updateNarration();
   updateFailureEvents();
+  if (anim.followShown !== anim.donePtr) { anim.followShown = anim.donePtr; updateFollow(); }
   $("now").textContent = fmtTime(Math.min(simNow, data.time_s));
   if (!scrubbing) $("scrub").value = String(data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0);
   if (pendingSince !== null && stats.loadedAt >= pendingSince) {
@@ -610,9 +875,11 @@ async function loadChart() {
       stats.chartRequests++;
       let r, c;
       if (STATIC) {
-        c = await staticData(`compare-${$("topology").value}-${name}`);
+        await schedulesFor([name]);
+        await new Promise((ok) => setTimeout(ok, 0));            // a frame between curves
         if (seq !== chart.seq) return;
-        r = { ok: true, status: 200 };
+        try { c = gradsyncSite.comparison(window.gradsyncCore, window.gradsyncSchedules, params(), name); r = { ok: true, status: 200 }; }
+        catch (e) { c = { detail: e.message }; r = { ok: false, status: 400 }; }
       }
       for (; !STATIC;) {                                        // 202: accepted, still computing: ask again
         r = await fetch(chartQuery(name), { signal });
@@ -702,18 +969,23 @@ function legend(names) {
 // ---- controls ----------------------------------------------------------------------------------
 let scrubbing = false;
 function pause() { playing = false; $("play").textContent = "play"; }
+// "step" stops at every event (a transfer starts or lands) and halfway between two, so a
+// paused view shows packets on their links, not only inside their senders.
+function stops() {
+  if (anim.stops) return anim.stops;
+  const t = data.transfers, ev = [...new Set([0, ...t.start, ...t.done, data.time_s])].sort((a, b) => a - b), out = [];
+  ev.forEach((e, k) => { if (k) out.push((ev[k - 1] + e) / 2); out.push(e); });
+  return (anim.stops = out);
+}
 function stepForward() {
   pause();
-  const t = data.transfers, times = [];
-  if (anim.startPtr < anim.byStart.length) times.push(t.start[anim.byStart[anim.startPtr]]);
-  if (anim.donePtr < anim.byDone.length) times.push(t.done[anim.byDone[anim.donePtr]]);
-  advanceTo(times.length ? Math.max(simNow, Math.min(...times)) : data.time_s);
+  const next = stops().find((e) => e > simNow + 1e-12 * data.time_s);
+  advanceTo(next === undefined ? data.time_s : next);
 }
 function stepBack() {
   pause();
-  const t = data.transfers; let best = 0;
-  for (let i = 0; i < t.src.length; i++) for (const e of [t.start[i], t.done[i]]) if (e < simNow - 1e-15 * data.time_s && e > best) best = e;
-  advanceTo(best);
+  const before = stops().filter((e) => e < simNow - 1e-12 * data.time_s);
+  advanceTo(before.length ? before[before.length - 1] : 0);
 }
 function seekFraction(f) { advanceTo(Math.max(0, Math.min(1, f)) * data.time_s); }
 
@@ -722,25 +994,36 @@ function syncWorkersField() {
   if (fixed) {
     field.max = String(fixed);
     field.value = String(fixed);                      // the whole machine; fewer can be chosen after
-    $("workers-note").textContent = STATIC ? `a static export: ${fixed} workers on ${$("topology").value}; algorithm and ` +
-      "topology only (run gradsync serve for the rest)" : `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
-  } else { field.max = "64"; $("workers-note").textContent = ""; }
+    $("workers-note").textContent = `${$("topology").value} has ${fixed} GPUs: at most ${fixed} workers`;
+  } else { field.max = "64"; $("workers-note").textContent = STATIC ? `this export offers ${window.gradsyncCore.worker_counts[$("topology").value].join(", ")} workers` : ""; }
+  clearStaleFailure();
+}
+
+// A failure of a device the controls no longer have is cleared (and said so), never kept to
+// refuse every later change.
+function clearStaleFailure() {
+  const n = Number($("workers").value), field = $("fail-device");
+  field.max = String(Math.max(0, n - 1));
+  if (Number(field.value) > n - 1) field.value = String(Math.max(0, n - 1));
+  if (failure && failure.device > n - 1) {
+    $("fail-note").textContent = `the failure of device ${failure.device} was cleared: there are ${n} workers now`;
+    failure = null;
+  }
 }
 
 function legendHtml() {
   $("legend").innerHTML = `<span><i style="background:linear-gradient(90deg,${[0, 1, 2, 3, 4, 5].map((c) => chunkColor(c, 6)).join(",")})"></i>` +
     `chunk colours (chunk i starts in colour i)</span><span><i style="background:${CODED_COLOR};transform:rotate(45deg)"></i>coded packet</span>` +
-    `<span><i style="background:${FAIL_COLOR}"></i>stopped by a failure</span><span><i style="border:1px solid ${DONE_RING}"></i>chunk holds the full sum</span>` +
-    `<span><i style="background:#fbbf24"></i>busiest link</span>`;
+    `<span><i style="background:${FAIL_COLOR}"></i>stopped by a failure (a red ring: PeerError)</span><span><i style="border:1px solid ${DONE_RING}"></i>chunk holds the full sum</span>` +
+    `<span><i style="background:#fbbf24"></i>busiest link</span>` +
+    `<span id="legend-logical" hidden><i style="border-top:2px dashed #e2e8f0;height:0"></i>who sends to whom (the algorithm's own structure)</span>`;
 }
 
 async function init() {
   legendHtml();
-  const presets = STATIC ? await staticData("presets") : await (await fetch("api/presets")).json();
-  if (STATIC) {                        // only what was exported can be chosen
-    for (const id of ["workers", "size", "bandwidth", "latency", "components", "eps", "compression", "fail-device", "fail-at", "fail", "heal"])
-      $(id).disabled = true;
-    $("size").value = presets.static.size;
+  const presets = STATIC ? (window.gradsyncCore = await staticData("model")) : await (await fetch("api/presets")).json();
+  if (STATIC) {                        // CERAR's own design and the codecs are the server's
+    for (const id of ["components", "eps"]) { $(id).disabled = true; $(id).title = "run gradsync serve for this"; }
   }
   fixedWorkers = presets.fixed_workers || {};
   $("algorithm").innerHTML = presets.algorithms.map((a) => `<option>${a}</option>`).join("");
@@ -751,7 +1034,7 @@ async function init() {
   for (const id of ["algorithm", "topology", "workers", "size", "bandwidth", "latency", "components", "eps", "compression"])
     $(id).addEventListener("change", () => {
       if (id === "topology") syncWorkersField();
-      if (id === "workers") { const m = Number($("workers").max); if (Number($("workers").value) > m) $("workers").value = String(m); }
+      if (id === "workers") { const m = Number($("workers").max); if (Number($("workers").value) > m) $("workers").value = String(m); clearStaleFailure(); }
       if (chartInputs.has(id)) loadChart();
       refresh();
     });
@@ -759,7 +1042,7 @@ async function init() {
   $("restart").onclick = () => advanceTo(0);
   $("step").onclick = stepForward;
   $("back").onclick = stepBack;
-  $("speed").oninput = (e) => { speedExp = Number(e.target.value); };
+  $("speed").oninput = (e) => { speedExp = Number(e.target.value); speedLabel(); };
   $("scrub").addEventListener("input", (e) => { scrubbing = true; pause(); seekFraction(Number(e.target.value)); });
   $("scrub").addEventListener("change", () => { scrubbing = false; });
   const drag = (e) => { if (!T || !data) return; const r = timeline.getBoundingClientRect(); pause();
@@ -774,8 +1057,20 @@ async function init() {
     hover = best;
   });
   view.addEventListener("pointerleave", () => { hover = null; });
+  view.addEventListener("click", (e) => {
+    if (!data || !geom || !geom.cell) return;
+    const r = view.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+    for (let s = 0; s < anim.nodes; s++) {
+      const b = cellGeometry(s);
+      if (b && y >= b.y0 && y <= b.y0 + b.h && x >= b.x0 && x < b.x0 + b.w * anim.k) {
+        const c = Math.floor((x - b.x0) / b.w);
+        setFollow(c === follow ? null : c);
+        return;
+      }
+    }
+  });
   $("fail").onclick = () => { failure = { device: Number($("fail-device").value), at: Number($("fail-at").value) }; refresh(); };
-  $("heal").onclick = () => { failure = null; refresh(); };
+  $("heal").onclick = () => { failure = null; $("fail-note").textContent = ""; refresh(); };
   $("recover").onclick = () => {
     if (!data || !data.failure || !data.failure.recovery) return;
     $("workers").value = String(data.failure.recovery.workers); failure = null; refresh();
@@ -801,7 +1096,17 @@ window.gradsyncView = {
                   coded: Array.from(anim.coded), fills: anim.state.map((_, s) => Array.from({ length: anim.k }, (_, c) => cellFill(s, c))) }),
   cellBox: (node, c) => { const b = cellGeometry(node); return b && { x: b.x0 + c * b.w, y: b.y0, w: b.w - 1, h: b.h }; },
   // the colour drawn at a point of the view (CSS pixels), after drawing the current state
-  pixel: (x, y) => { render(); return Array.from(V.g.getImageData(Math.round(x * V.dpr), Math.round(y * V.dpr), 1, 1).data); },
+  // (bare: without the packets, which pass over the buffers)
+  pixel: (x, y, bare = false) => { hidePackets = bare; render(); hidePackets = false;
+    return Array.from(V.g.getImageData(Math.round(x * V.dpr), Math.round(y * V.dpr), 1, 1).data); },
   step: () => currentStep(),
+  follow: (c) => { setFollow(c); render(); return follow; },
+  sums: () => (anim.sets ? anim.sets.map((x) => x.slice()) : null),
+  carriedSets: () => (follow === null ? null : [...anim.followSets.entries()].map(([i, set]) => [i, set.length, data.transfers.carried[i], anim.span[2 * i + 1] - anim.span[2 * i]])),
+  boxes: () => geom.boxes.map((b) => ({ ...b })),
+  cell: () => geom.cell && { ...geom.cell },
+  inFlight: () => { const t = data.transfers; let n = 0; for (const i of anim.active) if (t.start[i] < simNow && simNow < Math.min(t.done[i], anim.cut[i])) n++; return n; },
+  // the export only: lay out one configuration now (no animation frame), for layout tests
+  layoutFor: (p) => { load(gradsyncSite.simulation(window.gradsyncCore, window.gradsyncSchedules, p)); return geom.boxes.map((b) => ({ ...b })); },
 };
 init();

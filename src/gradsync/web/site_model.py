@@ -1,0 +1,149 @@
+"""The model the static export carries, as data: schedules and topologies, so the page can
+time any size, bandwidth, latency and failure itself (``static/model.js``) without a server.
+
+A schedule's structure (who sends to whom in which round, and which pieces of the buffer)
+does not depend on the buffer's size; only the pieces' sizes do, and every algorithm cuts its
+buffer with ``chunk_bounds`` (split into Q near-equal parts, possibly inside K weighted parts
+first: a ring per NVLink ring) or into c components of ceil(d / c) elements (coded schedules).
+So each transfer is exported once per (algorithm, options, workers) with its ends as *cut
+labels* -- (k, Q, i): the i-th of Q parts inside the k-th weighted part -- or, for coded
+schedules, as multiples of ceil(d / c). A label is fitted at one size and then checked
+against schedules built at several other sizes; a schedule it does not reproduce exactly is
+not exported (``Unfit``), never approximated.
+
+>>> from gradsync import algorithms
+>>> s = schedule_data(lambda d: algorithms.build("ring", 4, d))
+>>> s["mode"], s["labels"][:3]
+('cuts', [[0, 1, 0], [0, 4, 1], [0, 2, 1]])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.schedule import chunk_bounds, carried_inputs
+
+REF = 1_000_000_007            # elements: a prime, so distinct fractions i / Q give distinct cuts
+CHECKED = (1000, 4099, 65_537, 4_000_003, 123_456_789)   # sizes (elements) each label is checked at
+MAX_PARTS = 256
+
+
+class Unfit(Exception):
+    """A schedule whose pieces are not cut labels (or multiples of ceil(d / c)) at every size."""
+
+
+def _split(d: int, weights) -> np.ndarray:
+    return chunk_bounds(d, len(weights), weights)
+
+
+def _label_values(d: int, labels, weights) -> np.ndarray:
+    """Each label (k, Q, i)'s offset at ``d`` elements, as ``chunk_bounds`` computes it."""
+    outer = _split(d, weights)
+    out = np.empty(len(labels), np.int64)
+    for j, (k, q, i) in enumerate(labels):
+        lo, hi = int(outer[k]), int(outer[k + 1])
+        out[j] = lo + int(np.floor(float(i / q) * (hi - lo) + 1e-9))
+    return out
+
+
+def _fit_labels(values: np.ndarray, weights) -> list:
+    """The label of each cut value at REF elements (the fewest parts that give it)."""
+    outer = _split(REF, weights)
+    labels = []
+    for v in values.tolist():
+        k = min(int(np.searchsorted(outer, v, side="right")) - 1, len(weights) - 1)
+        lo, hi = int(outer[k]), int(outer[k + 1])
+        found = None
+        for q in range(1, MAX_PARTS + 1):
+            i = round((v - lo) * q / max(hi - lo, 1))
+            if 0 <= i <= q and lo + int(np.floor(float(i / q) * (hi - lo) + 1e-9)) == v:
+                found = [k, q, i]
+                break
+        if found is None:
+            raise Unfit(f"cut {v} of {REF} is not i / Q of a part for Q <= {MAX_PARTS}")
+        labels.append(found)
+    return labels
+
+
+def _outer_splits(ref) -> list:
+    """The first splits a schedule may make before cutting its parts again: its rings'
+    weights, or its machines' equal parts (a hierarchical schedule's rails), or none."""
+    out = [ref.options.get("weights") or [1.0]]
+    if ref.options.get("local_size"):
+        out.append([1.0] * int(ref.options["local_size"]))
+    return out
+
+
+def _rows(t) -> np.ndarray:
+    return np.stack([t["src"], t["dst"], t["round"], t["op"]]).astype(np.int64)
+
+
+def _cut_form(ref, weights) -> dict:
+    t = ref.transfers
+    if len(ref.compute):
+        raise Unfit("local compute with cut labels")
+    values = np.unique(np.concatenate([[0, ref.elements], t["offset"], t["offset"] + t["count"]]))
+    labels = _fit_labels(values, weights)
+    return {"mode": "cuts", "labels": labels, "weights": list(map(float, weights)),
+            "a": np.searchsorted(values, t["offset"]).tolist(),
+            "b": np.searchsorted(values, t["offset"] + t["count"]).tolist()}
+
+
+def _ceil_form(ref) -> dict:
+    t, c = ref.transfers, ref.compute
+    parts = int(ref.options.get("components") or 0)
+    m = -(-ref.elements // parts) if parts else 0
+    if not m or (t["count"] % m).any() or (t["offset"] % m).any() or (c["madds"] % m).any():
+        raise Unfit("pieces are not multiples of ceil(d / c)")
+    return {"mode": "ceil", "components": parts, "a": (t["offset"] // m).tolist(), "q": (t["count"] // m).tolist(),
+            "compute": {"node": c["node"].tolist(), "round": c["round"].tolist(),
+                        "k": (c["madds"] // m).tolist()}}
+
+
+def counts_at(form: dict, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Each exported transfer's offset and count at ``d`` elements, and the compute's
+    multiply-adds (the same arithmetic as ``static/model.js``)."""
+    if form["mode"] == "cuts":
+        v = _label_values(d, form["labels"], form["weights"])
+        a, b = v[form["a"]], v[form["b"]]
+        return a, b - a, None
+    m = -(-d // form["components"])
+    return np.asarray(form["a"]) * m, np.asarray(form["q"]) * m, np.asarray(form["compute"]["k"]) * m
+
+
+def _check(form: dict, rows: np.ndarray, build) -> None:
+    for d in CHECKED:
+        s = build(d)
+        offset, count, madds = counts_at(form, d)
+        kept = count > 0
+        t = s.transfers
+        if (len(t) != kept.sum() or (_rows(t) != rows[:, kept]).any() or (t["offset"] != offset[kept]).any()
+                or (t["count"] != count[kept]).any()):
+            raise Unfit(f"the labels do not reproduce the schedule at {d} elements")
+        if madds is not None and (len(s.compute) != len(madds) or (s.compute["madds"] != madds).any()):
+            raise Unfit(f"the compute does not scale as ceil(d / c) at {d} elements")
+
+
+def schedule_data(build) -> dict:
+    """One schedule family as data: ``build(d)`` gives the schedule for ``d`` elements.
+    Its transfers (src, dst, round, op), their pieces as cut labels or multiples of
+    ceil(d / c), and how many inputs each carries; checked at every size of ``CHECKED``."""
+    ref = build(REF)
+    rows = _rows(ref.transfers)
+    form = None
+    for outer in _outer_splits(ref):
+        try:
+            form = _cut_form(ref, outer) if ref.codec is None else _ceil_form(ref)
+            _check(form, rows, build)
+            break
+        except Unfit:
+            form = None
+    if form is None:
+        form = _ceil_form(ref)
+        _check(form, rows, build)
+    src, dst, rnd, op = rows.tolist()
+    return {**form, "src": src, "dst": dst, "round": rnd, "op": op, "rounds": ref.rounds,
+            "nodes": ref.nodes, "workers": ref.workers, "helpers": list(ref.helpers),
+            "carried": carried_inputs(ref).tolist(), "name": ref.algorithm,
+            "options": {k: v for k, v in ref.options.items() if k in ("segments", "components", "eps", "local_size",
+                                                                   "inter")}}
