@@ -23,6 +23,7 @@ paths (a switch); on a physical ring its long-distance partners share links."""
 
 import numpy as np
 
+from ..core.compact import CompactSchedule, program
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 from .spec import AlgorithmSpec
@@ -62,6 +63,33 @@ def schedule(workers: int, elements: int) -> Schedule:
         lo, hi = windows[k]
     tables.append(transfers(first + 2 * steps, folded + 1, folded, 0, elements, COPY))
     return Schedule("halving_doubling", workers, elements, np.concatenate(tables))
+
+
+def compact(workers: int, elements: int) -> CompactSchedule | None:
+    """For a power of two p = 2^k workers, worker 0's program and the group of XORs (shape
+    (2,) * k: a worker's digits are its bits, highest first; adding modulo 2 is XOR). In
+    halving step j worker 0 sends its partner (bit j from the top set) the half of its window
+    whose digit j is 1; in doubling step j its window, digits 0..j its own. The digits index
+    one split into p chunks (``flat``, from level 0), as the builder's windows do. None for other worker
+    counts (the extra workers' fold-in breaks the group) or fewer elements than workers.
+
+    >>> c = compact(8, 64)
+    >>> c.shape, c.digits.tolist()[:2]
+    ((2, 2, 2), [[1, -1, -1], [0, 1, -1]])
+    """
+    workers, elements = check_size(workers, elements)
+    k = workers.bit_length() - 1
+    if workers != 1 << k or not 2 <= workers <= elements:
+        return None
+    j = np.arange(k)
+    partner = workers >> (j + 1)
+    level = np.arange(k)[None, :]
+    sent = np.where(level < j[:, None], 0, np.where(level == j[:, None], 1, -1))     # prefix 0s, a 1, free
+    window = np.where(level <= j[:, None], 0, -1)                                     # prefix 0s, free
+    table, digits = program(np.concatenate([j, 2 * k - 1 - j]), 0, np.concatenate([partner, partner]),
+                            np.repeat([REDUCE, COPY], k), np.concatenate([sent, window]))
+    return CompactSchedule("halving_doubling", workers, elements, (2,) * k, tuple((i, 2) for i in range(k)),
+                           table, digits, flat=0)
 
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) -> float:

@@ -27,6 +27,7 @@ Cost (rails sharing one network link per machine): 2 (L - 1) (alpha_l + n/L beta
 import numpy as np
 
 from ..errors import ConfigError
+from ..core.compact import CompactSchedule, program
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds
 from . import halving_doubling, ring
 from ._common import Net, check_size
@@ -99,6 +100,67 @@ def schedule(workers: int, elements: int, local_size: int | None = None, inter: 
     table = np.concatenate(tables)
     table = table[np.lexsort((table["dst"], table["src"], table["round"]))]
     return Schedule("hierarchical", workers, elements, table, options={"local_size": local, "inter": inter})
+
+
+def compact(workers: int, elements: int, local_size: int | None = None, inter: str = "ring") -> CompactSchedule | None:
+    """Worker 0's program and the rotations of machines and of local ranks: the local ring's
+    chunks split the buffer L ways and rotate with the local rank; rail j carries local chunk
+    (j + 1) mod L, split M ways for a ring of machines (shape (M, L)), or 2^k ways for
+    halving-doubling over 2^k machines (shape (2, ..., 2, L): machines by XOR). None where that
+    rule does not give ``schedule``'s table (halving-doubling over machines not a power of two,
+    fewer elements than workers, one worker).
+
+    >>> c = compact(8, 64, local_size=2)
+    >>> c.shape, len(c.program), c.transfer_count == len(schedule(8, 64, local_size=2).transfers)
+    ((4, 2), 8, True)
+    >>> compact(16, 64, local_size=2, inter="halving_doubling").shape
+    (2, 2, 2, 2)
+    """
+    workers, elements = check_size(workers, elements)
+    local = _local_size(workers, local_size)
+    if inter not in INTERS:
+        raise ConfigError(f"inter must be one of {', '.join(INTERS)}, got {inter!r}")
+    machines = workers // local
+    rails = _rails(inter, machines, local)
+    if rails is None or not 2 <= workers <= elements:
+        return None
+    shape, levels, flat, rail_rows = rails
+    r, m = np.arange(local - 1), len(shape)
+    whole = np.full((local - 1, m), -1)
+    inter_rounds = max([int(x[0].max(initial=local - 2)) + 1 for x in rail_rows], default=local - 1) - (local - 1)
+    rows = [(r, 1 % local, REDUCE, -r % local, whole)] + rail_rows + \
+        [(local - 1 + inter_rounds + r, 1 % local, COPY, (1 - r) % local, whole)]
+    count = [len(x[0]) for x in rows]
+    table, digits = program(np.concatenate([x[0] for x in rows]),
+                            0, np.concatenate([np.broadcast_to(x[1], n) for x, n in zip(rows, count)]),
+                            np.concatenate([np.full(n, x[2]) for x, n in zip(rows, count)]),
+                            np.concatenate([np.column_stack([np.broadcast_to(x[3], n), np.broadcast_to(x[4], (n, m))])
+                                            for x, n in zip(rows, count)]))
+    return CompactSchedule("hierarchical", workers, elements, shape + (local,), ((m, local),) + levels,
+                           table, digits, options={"local_size": local, "inter": inter}, lexsorted=True,
+                           flat=flat)
+
+
+def _rails(inter, machines, local):
+    """The machines' part of the group (shape, chunk levels, where a flat split starts) and the
+    rail rows of worker 0's program: (rounds, destination, op, local chunk digit, machine chunk
+    digits); None for halving-doubling over machines not a power of two."""
+    rail_chunk, start = 1 % local, local - 1
+    if inter == "ring":
+        q = np.arange(machines - 1)[:, None]
+        dst, chunk = local % (machines * local), np.full(machines - 1, rail_chunk)
+        return (machines,), ((0, machines),), None, [
+            (start + q[:, 0], dst, REDUCE, chunk, -q % machines),
+            (start + machines - 1 + q[:, 0], dst, COPY, chunk, (1 - q) % machines)]
+    k = machines.bit_length() - 1
+    if machines != 1 << k:
+        return None
+    j, level = np.arange(k), np.arange(k)[None, :]
+    dst, chunk = (machines >> (j + 1)) * local, np.full(k, rail_chunk)
+    sent = np.where(level < j[:, None], 0, np.where(level == j[:, None], 1, -1))   # as halving_doubling.compact
+    window = np.where(level <= j[:, None], 0, -1)
+    return (2,) * k, tuple((i, 2) for i in range(k)), 1, [
+        (start + j, dst, REDUCE, chunk, sent), (start + 2 * k - 1 - j, dst, COPY, chunk, window)]
 
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size: int | None = None,

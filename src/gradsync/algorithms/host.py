@@ -17,6 +17,7 @@ first implementations take, and the view shows why it is slow."""
 
 import numpy as np
 
+from ..core.compact import CompactSchedule, program
 from ..core.schedule import COPY, REDUCE, Schedule, transfers
 from ._common import Net, check_size
 from .spec import AlgorithmSpec
@@ -35,6 +36,20 @@ def schedule(workers: int, elements: int) -> Schedule:
     table = np.concatenate([transfers(0, everyone, host, 0, elements, REDUCE),
                             transfers(1, host, everyone, 0, elements, COPY)])
     return Schedule("host", workers, elements, table, helpers=(HOST,))
+
+
+def compact(workers: int, elements: int) -> CompactSchedule | None:
+    """Worker 0's program (its gradient to the host, the sum back) and the rotations of the
+    workers, the host fixed; None when there is nothing to move.
+
+    >>> compact(4, 10).transfer_count
+    8
+    """
+    workers, elements = check_size(workers, elements)
+    if elements < 1:
+        return None
+    table, digits = program([0, 1], [0, workers], [workers, 0], [REDUCE, COPY], np.zeros((2, 0), np.int64))
+    return CompactSchedule("host", workers, elements, (workers,), (), table, digits, helpers=(HOST,))
 
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) -> float:

@@ -27,6 +27,7 @@ its 2 (N - 1) latencies make it lose on small messages at large N."""
 import numpy as np
 
 from ..errors import ConfigError
+from ..core.compact import CompactSchedule, program
 from ..core.schedule import COPY, REDUCE, TRANSFER_DTYPE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 from .spec import AlgorithmSpec, Option, is_number
@@ -77,6 +78,27 @@ def schedule(workers: int, elements: int, rings=None, weights=None) -> Schedule:
     if (table["count"] <= 0).any():
         table = table[table["count"] > 0]
     return Schedule("ring", workers, elements, table, options={"rings": rings, "weights": weights})
+
+
+def compact(workers: int, elements: int, rings=None, weights=None) -> CompactSchedule | None:
+    """The one ring (0, 1, ..., N - 1) as worker 0's program (chunk (0 - r) mod N to worker 1 in
+    reduce-scatter round r, chunk (1 - r) mod N in all-gather) and the rotations of the
+    workers; None where that rule does not give ``schedule``'s table (several rings, another
+    order, fewer elements than workers).
+
+    >>> c = compact(4, 10)
+    >>> c.program["round"].tolist(), c.digits[:, 0].tolist()
+    ([0, 1, 2, 3, 4, 5], [0, 3, 2, 1, 0, 3])
+    """
+    workers, elements = check_size(workers, elements)
+    rings, weights = _check_rings(workers, rings, weights)
+    if len(rings) != 1 or rings[0] != list(range(workers)) or not 2 <= workers <= elements:
+        return None
+    n, r = workers, np.arange(workers - 1)
+    table, digits = program(np.concatenate([r, n - 1 + r]), 0, 1, np.repeat([REDUCE, COPY], n - 1),
+                            np.concatenate([-r % n, (1 - r) % n])[:, None])
+    return CompactSchedule("ring", n, elements, (n,), ((0, n),), table, digits,
+                           options={"rings": rings, "weights": weights})
 
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, rings=None, weights=None,

@@ -18,6 +18,7 @@ switch at small N; at large N its N - 1 simultaneous senders per owner overload 
 
 import numpy as np
 
+from ..core.compact import CompactSchedule, program
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
 from ._common import Net, check_size
 from .spec import AlgorithmSpec
@@ -40,6 +41,23 @@ def schedule(workers: int, elements: int) -> Schedule:
     return Schedule("sharded", workers, elements, table)
 
 
+def compact(workers: int, elements: int) -> CompactSchedule | None:
+    """Worker 0's program (chunk o to each owner o, then its own chunk to everyone) and the
+    rotations; None for fewer elements than workers (empty chunks).
+
+    >>> compact(4, 10).transfer_count
+    24
+    """
+    workers, elements = check_size(workers, elements)
+    if not 2 <= workers <= elements:
+        return None
+    others = np.arange(1, workers)
+    table, digits = program(np.repeat([0, 1], workers - 1), 0, np.concatenate([others, others]),
+                            np.repeat([REDUCE, COPY], workers - 1),
+                            np.concatenate([others, np.zeros(workers - 1, np.int64)])[:, None])
+    return CompactSchedule("sharded", workers, elements, (workers,), ((0, workers),), table, digits)
+
+
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) -> float:
     """Closed-form time: ``cost(4, 160e6, Net(0, 1 / 16e9))`` is 0.015 s."""
     if workers == 1:
@@ -50,5 +68,5 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
 
 SPEC = AlgorithmSpec(
     name="sharded", schedule=schedule, cost=cost, explanation=EXPLANATION,
-    phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True,
+    phases={"reduce": "reduce-scatter", "copy": "all-gather"}, exact=True, shared_buffers=True,
     summary="each worker owns 1/N of the buffer: direct reduce-scatter, then all-gather")

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import click
 import numpy as np
@@ -16,14 +17,24 @@ from .common import (Size, _affordable, _chosen, _codecs, _elements, _emit, _png
                      _tuned_topology, _writable, _write_json, compression_option, dtype_option, format_option, main,
                      topology_option, workers_option)
 from .. import algorithms, dtypes
+from ..algorithms import _compact
 from ..errors import ConfigError
 from ..model.cost import default_options, net_for, predict, uniform
 from ..model.simulate import simulate
+from ..model.simulate.result import EXPAND_ON_LOAD
 from ..model.tune import table
 from ..tools.report import bus_bandwidth
 from ..units import format_size, format_time
 
 OPTION_LIMITS = {"components": common.MAX_COMPONENTS, "segments": 4096}   # larger ones take minutes to build
+
+# Measured (benchmarks/simulate_scaling.py): seconds and peak bytes per flow of a compact block (run one
+# by one) or transfer of a table (many at each event); a cluster topology's bytes per GPU.
+COMPACT_WORKERS = (65536, "measured up to 65,536 (a ring of 65,536 on a rail cluster: 20 s of CPU, 0.84 GB)")
+TABLE_WORKERS = (1024, "{algorithm} has no compact form here, so every transfer is simulated: a table of 2.1 "
+                       "million transfers (a ring of 1024 workers) took 4.8 s of CPU and 0.5 GB, one of 33 million "
+                       "(4096 workers) did not finish in 5 minutes")
+COST_PER, BYTES_PER_WORKER = {"flows": (1.2e-5, 700), "transfers": (2.5e-6, 250)}, 4_000
 
 
 def _parse_options(pairs) -> dict:
@@ -78,7 +89,8 @@ def _compare_row(name, topo, n, elements, dtype, components, names):
     if "components" in algorithms.get(name).options:
         options["components"] = components
     try:
-        schedule = algorithms.build(name, n, elements, dtype=dtype, **options)   # CERAR: its best design
+        schedule = _compact.build(name, n, elements, **options) or \
+            algorithms.build(name, n, elements, dtype=dtype, **options)         # CERAR: its best design
     except ConfigError:
         if names is not None or components is not None or algorithms.get(name).exact:
             raise
@@ -166,6 +178,38 @@ def compare(topology, size, workers, dtype, names, components, codecs, fmt):
     _emit(fmt, rows, lambda rows: _render_compare(rows, topo, n, nbytes, dtype, codecs))
 
 
+def _simulated_schedule(algorithm, n, elements, dtype, options, trace_path, out):
+    """The compact form where the algorithm has one and nothing asks for every transfer (a trace,
+    a JSON timeline), else the table (refused beyond TABLE_WORKERS, saying what that costs)."""
+    compact, every = _compact.build(algorithm, n, elements, **options), trace_path or (out and not out.endswith(".npz"))
+    if compact is not None and every and compact.transfer_count > EXPAND_ON_LOAD:
+        raise click.BadParameter(f"a trace or a JSON timeline lists every transfer, {compact.transfer_count:,} here; "
+                                 "write an .npz timeline (--out run.npz) instead", param_hint="'--out'")
+    if compact is None and n > TABLE_WORKERS[0]:
+        raise click.BadParameter(f"expected 2..{TABLE_WORKERS[0]} workers for {algorithm}, got {n}: "
+                                 + TABLE_WORKERS[1].format(algorithm=algorithm), param_hint="'--workers'")
+    return (compact.expand() if every else compact) if compact is not None else \
+        algorithms.build(algorithm, n, elements, dtype=dtype, **options)
+
+
+def _reporter(n):
+    """simulate's ``progress``: before an event loop estimated over 2 s, the estimate (time, memory),
+    then every 5 s the share delivered, on stderr: ``_reporter(4)("flows", 10)``."""
+    state = {"last": time.monotonic(), "loud": False}
+
+    def report(stage, value):
+        now = time.monotonic()
+        if stage in COST_PER:
+            seconds, memory = value * COST_PER[stage][0], value * COST_PER[stage][1] + n * BYTES_PER_WORKER
+            state.update(last=now, loud=seconds > 2)
+            if state["loud"]:
+                click.echo(f"simulating {value:,} {stage}: about {format_time(seconds)} and {format_size(memory)} "
+                           f"(estimated)", err=True)
+        elif state["loud"] and now - state["last"] > 5:
+            state["last"] = click.echo(f"  {value:.0%} of the flows delivered", err=True) or now
+    return report
+
+
 def _save_simulation(result, out, trace_path):
     """Write the timeline to ``out`` (.npz, else JSON) and the Chrome trace to ``trace_path``, as asked."""
     if out:
@@ -198,36 +242,34 @@ def _save_simulation(result, out, trace_path):
 @format_option
 def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, fmt):
     """Simulate one all-reduce on a topology; optionally write its timeline (.npz or JSON) or a trace."""
-    if out:
-        _writable(out, "--out")
-    if trace_path:
-        _writable(trace_path, "--trace")
-    topo = _topology(topology, workers)
+    for path, option in ((out, "--out"), (trace_path, "--trace")):
+        if path:
+            _writable(path, option)
+    topo = _topology(topology, workers, COMPACT_WORKERS)
     n = len(topo.workers)
     elements = _elements(size, dtype)
     _affordable([algorithm], algorithm, n, hint="'--algorithm'")
     options = {**default_options(algorithm, topo, n), **_parse_options(option_pairs)}
-    step = _steps(1, "simulate")
-    step(f"{algorithm} on {n} workers")
-    schedule = algorithms.build(algorithm, n, elements, dtype=dtype, **options)
+    schedule = _simulated_schedule(algorithm, n, elements, dtype, options, trace_path, out)
     if trace_path:
         from ..tools.trace_files import check_size
         check_size(schedule)          # before a long simulation
-    result = simulate(schedule, topo, dtypes.itemsize(dtype))
-    step(None)
-    summary = result.to_dict(timeline=False)
+    result = simulate(schedule, topo, dtypes.itemsize(dtype), progress=_reporter(n))
+    summary = {**result.to_dict(timeline=False), **({"classes_s": list(result.classes)} if result.classes else {})}
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
     _save_simulation(result, out, trace_path)
 
     def render(s):
         click.echo(f"{algorithm} on {topo.name}, {n} workers, {format_size(s['bytes'])}: "
                    f"{format_time(s['time_s'])} in {s['rounds']} rounds")
+        if "classes_s" in s:
+            click.echo(f"chunks of unequal sizes: {format_time(s['classes_s'][1])} with every chunk at its largest, "
+                       f"{format_time(s['classes_s'][0])} at its smallest (docs/simulator.md: how near the exact time)")
         _print_table(["busiest links", "bytes", "busy"],
                      [[l["channel"], format_size(l["bytes"]), format_time(l["busy_s"])] for l in s["links"][:5]])
-        if out:
-            click.echo(f"timeline written to {out}")
-        if trace_path:
-            click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
+        for path, what in ((out, "timeline written to {}"), (trace_path, "trace written to {} (open it in ui.perfetto.dev)")):
+            if path:
+                click.echo(what.format(path))
 
     _emit(fmt, summary, render)
 

@@ -106,7 +106,11 @@ def narrate(schedule: Schedule, cuts, names=None, phases=None) -> list[dict]:
     >>> s = ring.schedule(4, 8)
     >>> narrate(s, [0, 2, 4, 6, 8])[0]["text"]
     'reduce, step 1 of 3: every worker i sends chunk i to worker i + 1 (mod 4), which adds it to its own.'
+
+    A compact schedule (``core.compact``) is told from its expanded table.
     """
+    if hasattr(schedule, "expand"):        # a compact schedule
+        schedule = schedule.expand()
     cuts = np.asarray(cuts, dtype=np.int64)
     chunks = len(cuts) - 1
     phases = {**_DEFAULT_PHASES, **(phases or {})}

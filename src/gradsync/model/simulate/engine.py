@@ -42,23 +42,22 @@ class _System:
     orbit: np.ndarray | None
 
 
-def _run(system: _System) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The event loop: per flow its start, send end and delivery (the rows of one array); per
-    node when it finished; per channel the time it carried a flow."""
+def _run(system: _System, progress=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The event loop: per flow its start, send end and delivery (the rows of one array); per node when
+    it finished; per channel the time it carried a flow. ``progress(fraction delivered)`` every 4096 events."""
     paths, latency, nbytes, capacity = system.paths, system.latency, system.nbytes, system.capacity
     weight, inbound, step_src, step_dst = system.weight, system.inbound, system.step_src, system.step_dst
     step_node, work_time, fan_in = system.step_node, system.work_time, (system.fan_in if system.fan_in.any() else None)
     is_last, by_step, by_step_start, left = _step_index(system)
-    seen = np.empty(max(len(step_node), len(paths)), np.int64)  # scratch of _distinct
-    need = np.full(len(paths), 2)                                # per flow: its ends yet to post it
-    times = np.full((3, len(paths)), np.nan)
+    seen, need, times, node_done, busy = _buffers(system)
     start, sent, done = times
-    node_done, busy = np.zeros(system.nodes), np.zeros(len(capacity))
     pending, pending_at = _first_steps(system)
-    active, remaining = np.empty(0, np.int64), np.empty(0)
-    flying, flying_at = np.empty(0, np.int64), np.empty(0)
-    rate, now = np.empty(0), 0.0
+    active = flying = np.empty(0, np.int64)
+    remaining = flying_at = rate = np.empty(0)
+    now, changed, events = 0.0, False, 0
     while len(active) or len(flying) or len(pending):
+        if progress is not None and (events := events + 1) % 4096 == 0:
+            progress(np.count_nonzero(done == done) / max(len(paths), 1))     # delivered: not NaN
         # Next event: a flow's last byte leaves, a flow is delivered, or a step becomes ready.
         with np.errstate(divide="ignore"):
             drain_at = now + (remaining / rate if len(active) else np.empty(0))
@@ -75,7 +74,7 @@ def _run(system: _System) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 ids = active[out]
                 sent[ids] = now
                 flying, flying_at = np.concatenate([flying, ids]), np.concatenate([flying_at, now + latency[ids]])
-                active, remaining = active[~out], remaining[~out]
+                active, remaining, changed = active[~out], remaining[~out], True
         # 2. delivered flows complete their steps
         arrived = flying_at <= now * (1 + 1e-15) + 1e-18
         if arrived.any():
@@ -84,8 +83,8 @@ def _run(system: _System) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             done[ids] = now
             touched = np.concatenate([step_src[ids], step_dst[ids]])
             np.subtract.at(left, touched, 1)
-            finished = _distinct(touched[left[touched] == 0], seen)
-            pending, pending_at = _advance(finished, now, work_time, is_last, step_node, node_done, pending, pending_at)
+            pending, pending_at = _advance(_distinct(touched[left[touched] == 0], seen), now, work_time, is_last,
+                                           step_node, node_done, pending, pending_at)
         # 3. ready steps post their transfers; transfers with both ends ready start
         ready = pending_at <= now * (1 + 1e-15) + 1e-18
         if ready.any():
@@ -98,10 +97,19 @@ def _run(system: _System) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.subtract.at(need, posted, 1)
             starting = _distinct(posted[need[posted] == 0], seen)
             if len(starting):
-                start[starting] = now
+                start[starting], changed = now, True
                 active, remaining = np.concatenate([active, starting]), np.concatenate([remaining, nbytes[starting]])
-        rate = _max_min_rates(paths[active], capacity, weight, inbound[active], fan_in) if len(active) else np.empty(0)
+        if changed:             # the same flows keep the same rates: computed again only when the set changes
+            rate, changed = _max_min_rates(paths[active], capacity, weight, inbound[active], fan_in), False
     return times, node_done, busy
+
+
+def _buffers(system: _System):
+    """The loop's scratch of ``_distinct``; per flow, its ends yet to post it; the flows' times
+    (unknown yet); per node its finish; per channel its busy time."""
+    n_fl = len(system.paths)
+    return (np.empty(max(len(system.step_node), n_fl), np.int64), np.full(n_fl, 2), np.full((3, n_fl), np.nan),
+            np.zeros(system.nodes), np.zeros(len(system.capacity)))
 
 
 def _step_index(system: _System) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -40,6 +40,7 @@ class _Net:
 
     topology: Topology
     names: list
+    placement: np.ndarray         # per schedule node: its topology node
     capacity: np.ndarray          # per channel, padding last (infinite)
     fan_in: np.ndarray            # per channel (0: none)
     node_channel: np.ndarray      # per schedule node: its copy channel, or the padding
@@ -67,7 +68,7 @@ class _Net:
         copy_channel[copying] = n_links + np.arange(len(copying))
         capacity = np.concatenate([topology.channel_capacity, [topology.nodes[p].copy_rate for p in copying], [np.inf]])
         fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
-        return cls(topology, names, capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
+        return cls(topology, names, np.asarray(placement, np.int64), capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
                    np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
                    np.array([n.message_overhead or 0.0 for n in nodes]),
                    np.array([n.collective_overhead or 0.0 for n in nodes]),
@@ -93,21 +94,25 @@ def _pair_routes(src, dst, net):
     the sender's copy channel, the route's channels, the receiver's copy channel, then the
     copy channels of the nodes the route passes through (a switch standing for a machine's
     memory, which every transfer between its processes crosses)."""
-    names, topology, padding = net.names, net.topology, net.padding
-    routes, through = [], []
-    for a, b in zip(src.tolist(), dst.tolist()):
-        routes.append(topology.route(names[a], names[b]))
-        through.append([c for c in net.copy_channel[topology.route_nodes(names[a], names[b])[1:-1]] if c != padding])
-    hops = max([len(r[0]) for r in routes], default=1) or 1
-    extra = max([len(t) for t in through], default=0)
-    paths = np.full((len(routes), hops + 2 + extra), padding, dtype=np.int64)
-    for i, ((channels, _), via) in enumerate(zip(routes, through)):
-        paths[i, 1:1 + len(channels)] = channels
-        paths[i, hops + 2:hops + 2 + len(via)] = via
+    padding = net.padding
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    channels, latency, inner = net.topology.route_table(net.placement[src], net.placement[dst])
+    lengths = (channels >= 0).sum(axis=1)
+    hops = int(lengths.max(initial=0)) or 1
+    via = np.where(inner >= 0, net.copy_channel[np.maximum(inner, 0)], padding)
+    if via.size and (via != padding).any():
+        via = np.take_along_axis(via, np.argsort(via == padding, axis=1, kind="stable"), axis=1)
+        via = via[:, :int((via != padding).sum(axis=1).max())]
+    else:
+        via = via[:, :0]
+    paths = np.full((len(src), hops + 2 + via.shape[1]), padding, dtype=np.int64)
+    route = channels[:, :hops]
+    paths[:, 1:1 + route.shape[1]] = np.where(route >= 0, route, padding)
+    paths[:, hops + 2:] = via
     paths[:, 0], paths[:, hops + 1] = net.node_channel[src], net.node_channel[dst]
     keep = (paths != padding).any(axis=0)
     keep[1:1 + hops] = True               # no node costs: the routes alone, as before they existed
-    return paths[:, keep], np.array([r[1] for r in routes], dtype=float).reshape(len(routes))
+    return paths[:, keep], np.asarray(latency, dtype=float).reshape(len(src))
 
 
 def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray, inbound=None,

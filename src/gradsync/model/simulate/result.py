@@ -12,12 +12,15 @@ from functools import cached_property
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...errors import ConfigError, ScheduleError
+from ...core.compact import PROGRAM_DTYPE, CompactSchedule
 from ...core.schedule import Schedule
 from ..topology import Topology
 
 TIMELINE_FORMAT = "gradsync.timeline/1"
 TIME_COLUMNS = ("start", "sent", "done")
+EXPAND_ON_LOAD = 1 << 22      # transfers: a compact timeline is read back as full columns up to this many
+COMPACT_LINKS = 64            # a compact timeline's summary keeps its busiest channels only
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +38,14 @@ class SimResult:
     flow_times: np.ndarray        # (3, flows): start, send end and delivery of each simulated flow
     flow_round: np.ndarray        # per flow: its round
     orbit: np.ndarray | None = None   # per transfer: the flow timed for it (None: transfer i is flow i)
+    strides: tuple | None = None      # a compact schedule's: the subgroup whose block was simulated
+    classes: tuple | None = None      # unequal chunks at scale: the times with every chunk at its smallest, largest
+
+    @cached_property
+    def _flow_of_transfer(self):
+        if self.strides is not None:
+            return self.schedule.flow_of_transfer(self.strides)
+        return self.orbit
 
     @cached_property
     def start(self) -> np.ndarray:
@@ -52,8 +63,8 @@ class SimResult:
         return self._per_transfer(2)
 
     def _per_transfer(self, row: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        times = self.flow_times[row]
-        return times[lo:hi].copy() if self.orbit is None else times[self.orbit[lo:hi]]
+        times, orbit = self.flow_times[row], self._flow_of_transfer
+        return times[lo:hi].copy() if orbit is None else times[orbit[lo:hi]]
 
     @property
     def round_end(self) -> np.ndarray:
@@ -109,12 +120,16 @@ class SimResult:
             return
         if not path.endswith(".npz"):
             raise ConfigError(f"a timeline is written as .npz or .json, got {path!r}")
-        t = self.schedule.transfers
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             def put(name, array):
                 with zf.open(name + ".npy", "w", force_zip64=True) as fh:
                     np.lib.format.write_array(fh, np.asarray(array), allow_pickle=False)
-            put("summary", np.array(json.dumps({"format": TIMELINE_FORMAT, **self.to_dict(timeline=False)})))
+            summary = {"format": TIMELINE_FORMAT, **self.to_dict(timeline=False)}
+            if isinstance(self.schedule, CompactSchedule):
+                self._save_compact(put, summary)
+                return
+            put("summary", np.array(json.dumps(summary)))
+            t = self.schedule.transfers
             for name in t.dtype.names:
                 put(name, t[name])
             if self.orbit is None:
@@ -126,11 +141,49 @@ class SimResult:
                     put("flow_" + name, self.flow_times[row])
 
 
-def load_timeline(path) -> dict:
+    def _save_compact(self, put, summary) -> None:
+        """A compact schedule's timeline: its program, its group, and each simulated flow's times
+        (the flows of one block: ``block(strides)``), never the expanded table."""
+        c = self.schedule
+        description = c.to_dict()
+        del description["program"], description["digits"]
+        busiest = sorted(summary.pop("links"), key=lambda l: -l["bytes"])[:COMPACT_LINKS]
+        summary.pop("placement")                       # the topology's first N workers, in order
+        text = json.dumps({**summary, "links": busiest, "compact": description, "strides": list(self.strides)})
+        put("summary", np.frombuffer(text.encode(), np.uint8))
+        for name in PROGRAM_DTYPE.names:
+            put("program_" + name, c.program[name])
+        put("program_digits", c.digits)
+        for row, name in enumerate(TIME_COLUMNS):
+            put("flow_" + name, self.flow_times[row])
+
+
+def _compact_timeline(data, columns, expand):
+    """A compact timeline's columns: the program, the flows' times, and (when ``expand``, or when
+    the table is small) every transfer's columns expanded."""
+    description = data.pop("compact")
+    strides = tuple(data.pop("strides"))
+    description["program"] = {n: columns.pop("program_" + n) for n in PROGRAM_DTYPE.names}
+    description["digits"] = columns.pop("program_digits")
+    try:
+        c = CompactSchedule.from_dict(description)
+    except ScheduleError as exc:
+        raise ConfigError(f"not a gradsync timeline: {exc}") from None
+    data["compact"] = {"schedule": c, "strides": strides, **columns}
+    if expand if expand is not None else c.transfer_count <= EXPAND_ON_LOAD:
+        t, flow = c.expand().transfers, c.flow_of_transfer(strides)
+        data["timeline"] = {**{n: t[n] for n in t.dtype.names},
+                            **{n: columns["flow_" + n][flow] for n in TIME_COLUMNS}}
+    return data
+
+
+def load_timeline(path, expand: bool | None = None) -> dict:
     """Read a timeline written by ``SimResult.save``: the summary (``to_dict(timeline=False)``)
     with a ``timeline`` of numpy columns (round, src, dst, offset, count, op, start, sent,
     done), from ``.npz`` or ``.json``. ``load_timeline("ring.npz")["timeline"]["done"].max()``
-    is the simulated time."""
+    is the simulated time. A compact schedule's file also gives ``compact``: its schedule, the
+    subgroup (``strides``) and each simulated flow's times; its ``timeline`` is expanded when
+    ``expand`` or when it has at most EXPAND_ON_LOAD transfers."""
     path = str(path)
     try:
         if path.endswith(".json"):
@@ -139,10 +192,13 @@ def load_timeline(path) -> dict:
             data["timeline"] = {k: np.asarray(v) for k, v in data["timeline"].items()}
             return data
         with np.load(path, allow_pickle=False) as z:
-            data = json.loads(str(z["summary"]))
+            raw = z["summary"]
+            data = json.loads(raw.tobytes().decode() if raw.dtype == np.uint8 else str(raw))
             if data.pop("format", None) != TIMELINE_FORMAT:
                 raise ConfigError(f"{path}: not a gradsync timeline")
             columns = {k: z[k] for k in z.files if k != "summary"}
+            if "compact" in data:
+                return _compact_timeline(data, columns, expand)
             if "orbit" in columns:
                 orbit = columns.pop("orbit")
                 columns.update({name: columns.pop("flow_" + name)[orbit] for name in TIME_COLUMNS})

@@ -1,5 +1,10 @@
 """Load topologies from TOML, JSON or YAML files, with errors that name the bad field.
 
+A cluster is one table instead of its nodes and links (``cluster.cluster``'s parameters)::
+
+    name = "training-cluster"
+    cluster = {machines = 2048, gpus = 8, shape = "rail", oversubscription = 2}
+
 Example (TOML)::
 
     name = "two-gpus"
@@ -24,6 +29,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ...errors import ConfigError, TopologyError
 from ...units import parse_bandwidth, parse_time
 from .model import Link, Node, Topology
+from .presets import preset
 
 MAX_FILE_BYTES = 16 << 20
 
@@ -95,6 +101,8 @@ def from_dict(data, source: str = "topology") -> Topology:
     """
     if not isinstance(data, dict):
         raise TopologyError(f"{source}: expected a table/object at the top level, got {type(data).__name__}")
+    if "cluster" in data:
+        return _cluster_file(data, source)
     try:
         spec = TopologySpec.model_validate(data)
     except ValidationError as exc:
@@ -121,6 +129,24 @@ def from_dict(data, source: str = "topology") -> Topology:
             tuple(weights) if rings else None, spec.description)
     except TopologyError as exc:
         raise TopologyError(f"{source}: {exc}") from None
+
+
+def _cluster_file(data: dict, source: str) -> Topology:
+    """A file's ``cluster`` table as the generated cluster, with the file's name and description."""
+    extra = sorted(set(data) - {"cluster", "name", "description"})
+    if extra:
+        raise TopologyError(f"{source}: a cluster file takes cluster, name and description; got {', '.join(extra)}")
+    params = data["cluster"]
+    if not isinstance(params, dict):
+        raise TopologyError(f"{source}: cluster: expected a table of parameters, got {type(params).__name__}")
+    params = dict(params)
+    workers = params.pop("workers", None)
+    try:
+        topo = preset("cluster", workers, **params)
+    except TopologyError as exc:
+        raise TopologyError(f"{source}: cluster: {exc}") from None
+    return Topology(str(data.get("name", topo.name)), topo.nodes, topo.links, topo.workers, None,
+                    description=str(data.get("description", topo.description)), router=topo.router)
 
 
 def load(path: str | Path) -> Topology:

@@ -73,6 +73,7 @@ class Topology:
     rings: tuple[tuple[int, ...], ...] | None = None
     ring_weights: tuple[float, ...] | None = None
     description: str = ""
+    router: object = field(default=None, repr=False)   # fixed routes of a generated cluster (cluster.ClusterRoutes)
     _routes: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -94,7 +95,7 @@ class Topology:
                 raise TopologyError(f"workers.{i}: unknown node {w!r}")
         if self.host is not None and self.host not in known:
             raise TopologyError(f"host: unknown node {self.host!r}")
-        if not nx.is_connected(self.graph):
+        if self.router is None and not nx.is_connected(self.graph):   # a cluster's routes join it by construction
             parts = sorted(sorted(c) for c in nx.connected_components(self.graph))
             raise TopologyError(f"links: the nodes are not all connected: {parts[:2]} ...")
 
@@ -143,6 +144,9 @@ class Topology:
         (4, 8)
         """
         names = list(self.workers[:workers] if workers else self.workers)
+        if self.router is not None:
+            size = self.router.machine_size
+            return size if len(names) > size and len(names) % size == 0 else len(names)
         slowest = min(l.bandwidth for l in self.links)
         fast = nx.Graph()
         fast.add_nodes_from(n.name for n in self.nodes)
@@ -157,6 +161,11 @@ class Topology:
     def route_nodes(self, a: str, b: str) -> list[int]:
         """Node indices along the route from ``a`` to ``b``, both included."""
         key = (a, b)
+        if key not in self._routes and self.router is not None:
+            found = self.router.route_table([self.index[a]], [self.index[b]])
+            if found is not None:
+                inner = [int(x) for x in found[2][0] if x >= 0]
+                self._routes[key] = [self.index[a]] + inner + ([self.index[b]] if a != b else [])
         if key not in self._routes:
             if self._tree is not None:
                 parent, depth = self._tree
@@ -174,6 +183,9 @@ class Topology:
 
     def route(self, a: str, b: str) -> tuple[list[int], float]:
         """Directed channel ids along the route from ``a`` to ``b``, and its total latency."""
+        found = self.router.route_table([self.index[a]], [self.index[b]]) if self.router is not None else None
+        if found is not None:
+            return [int(c) for c in found[0][0] if c >= 0], float(found[1][0])
         path = self.route_nodes(a, b)
         channels, latency = [], 0.0
         for u, v in zip(path, path[1:]):
@@ -183,6 +195,29 @@ class Topology:
             channels.append(2 * i + (0 if forward else 1))
             latency += link.latency
         return channels, latency
+
+    def route_table(self, a, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Routes of many pairs of node indices ``a[i] -> b[i]`` at once: directed channels per
+        route (rows padded with -1), latencies, and the nodes each passes through (padded with
+        -1). ``t.route_table([0], [1])[0]`` is the channels from node 0 to node 1."""
+        a, b = np.asarray(a, np.int64).ravel(), np.asarray(b, np.int64).ravel()
+        found = self.router.route_table(a, b) if self.router is not None else None
+        if found is not None:
+            return found
+        pairs, inverse = np.unique(a * len(self.nodes) + b, return_inverse=True)
+        names = [n.name for n in self.nodes]
+        routes = [self.route(names[p // len(self.nodes)], names[p % len(self.nodes)]) for p in pairs.tolist()]
+        inner = [self.route_nodes(names[p // len(self.nodes)], names[p % len(self.nodes)])[1:-1]
+                 for p in pairs.tolist()]
+        hops = max([len(r[0]) for r in routes], default=0)
+        channels = np.full((len(pairs), hops), -1, np.int64)
+        through = np.full((len(pairs), max(hops - 1, 0)), -1, np.int64)
+        for i, ((chan, _), via) in enumerate(zip(routes, inner)):
+            channels[i, :len(chan)] = chan
+            through[i, :len(via)] = via
+        latency = np.array([r[1] for r in routes], dtype=float)
+        inverse = inverse.reshape(-1)
+        return channels[inverse], latency[inverse], through[inverse]
 
     def path_alpha_beta(self, a: str, b: str) -> tuple[float, float]:
         """Latency and seconds per byte (1 / bottleneck bandwidth) of the route a -> b."""
@@ -216,7 +251,7 @@ class Topology:
         if count == len(self.workers):
             return self
         return Topology(self.name, self.nodes, self.links, self.workers[:count], self.host,
-                        description=self.description)
+                        description=self.description, router=self.router)
 
     def summary(self) -> dict:
         """A JSON-ready description (for the browser and ``--format json``)."""

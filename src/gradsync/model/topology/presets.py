@@ -10,6 +10,7 @@ import inspect
 
 from ...errors import TopologyError
 from ...units import parse_bandwidth, parse_time
+from .cluster import cluster
 from .model import Link, Node, Topology
 
 PCIE = 16e9            # D2L's PCIe 3.0 x16 figure
@@ -119,8 +120,9 @@ PRESETS = {
     "dgx-2": dgx_2,
     "ethernet": ethernet,
     "lowbw-cluster": lowbw_cluster,
+    "cluster": cluster,
 }
-PARAMETRIC = {"ethernet", "ring"}   # presets whose worker count is a parameter
+PARAMETRIC = {"ethernet": 8, "ring": 8, "cluster": None}   # presets whose worker count is a parameter (default)
 
 
 def preset(name: str, workers: int | None = None, **params) -> Topology:
@@ -140,6 +142,6 @@ def preset(name: str, workers: int | None = None, **params) -> Topology:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)):
         raise TopologyError(f"workers: expected an integer, got {workers!r}")
     if name in PARAMETRIC:
-        return PRESETS[name](workers=8 if workers is None else workers, **params)
+        return PRESETS[name](workers=PARAMETRIC[name] if workers is None else workers, **params)
     topo = PRESETS[name](**params)
     return topo if workers is None else topo.with_workers(workers)
