@@ -19,7 +19,7 @@ LAYERS = [   # lowest first; a module may import its own layer and those below i
     ("models of time", ["gradsync.model"]),
     ("transports", ["gradsync.runtime.transport", "gradsync.runtime.state"]),
     ("runtime", ["gradsync.runtime"]),
-    ("integrations and tools", ["gradsync.integrations", "gradsync.tools"]),
+    ("integrations and tools", ["gradsync.integrations", "gradsync.tools", "gradsync.distributed"]),
     ("applications", ["gradsync.training", "gradsync.web", "gradsync.cli", "gradsync.torch", "gradsync.__main__"]),
     ("front door", ["gradsync"]),
 ]

@@ -14,6 +14,12 @@ from .core.emulate import emulate
 from .errors import ConfigError, GradsyncError, MismatchError, NonFiniteError, PeerError, ScheduleError, TopologyError
 from .core.schedule import Schedule, verify
 from .model.simulate import simulate   # the function; its module is gradsync.model.simulate
+from .distributed import install as _install_torch_backend
+
+# The one thing importing gradsync does beyond definitions: "gradsync" becomes a torch.distributed
+# backend, now if torch.distributed is loaded, else the moment it is (a hook that removes itself),
+# so that dist.init_process_group("gradsync") works after `import gradsync` without loading torch here.
+_install_torch_backend()
 
 __all__ = ["ALGORITHMS", "ConfigError", "GradsyncError", "MismatchError", "NonFiniteError", "PeerError", "Schedule",
            "ScheduleError", "TopologyError", "all_reduce", "emulate", "schedule", "simulate", "verify"]

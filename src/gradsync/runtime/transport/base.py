@@ -10,6 +10,8 @@ straight from where it landed (shared memory's channels).
 
 from __future__ import annotations
 
+import os
+
 from typing import Protocol
 
 import torch
@@ -102,12 +104,24 @@ def group_key(group=None) -> str:
     return f"torch/{group_name(group)}"
 
 
+def store_prefix() -> str:
+    """The first part of every store key gradsync writes: "gradsync", or "gradsync@<k>" in the
+    k-th restart of a job under torchrun's elastic agent, whose store outlives the workers (a
+    restarted rank must not read the keys of the attempt that failed).
+
+    >>> store_prefix() if "TORCHELASTIC_RESTART_COUNT" not in os.environ else "gradsync"
+    'gradsync'
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "gradsync" if attempt in ("", "0") else f"gradsync@{attempt}"
+
+
 def failure_key(group=None) -> str:
     """Where a torch.distributed group's failure notice is posted in its rendezvous store, one
     per group, the same name on every rank (ids differ between processes): after a PeerError
     the group cannot be used again, and ranks may be one collective apart when a failure hits.
-    ``failure_key()`` is "gradsync/failure/world"."""
-    return f"gradsync/failure/{group_name(group)}"
+    ``failure_key()`` is "gradsync/failure/world" (in a job's first attempt)."""
+    return f"{store_prefix()}/failure/{group_name(group)}"
 
 
 def post_each(transport, ops: list[tuple[str, torch.Tensor, int, int]]) -> list:

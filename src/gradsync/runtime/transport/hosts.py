@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ...errors import PeerError
 from ..state import group_state
-from .base import group_key, group_name
+from .base import group_key, group_name, store_prefix
 
 OVERRIDE = "GRADSYNC_HOST"
 IDENTITY_BYTES = 96             # 32 hex digits of digest, a space, the host name (cut, padded)
@@ -139,7 +139,7 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
     rank, size, name = dist.get_rank(group), dist.get_world_size(group), group_name(group)
     store = dist.distributed_c10d._get_default_store()
     n = state.advance("host exchanges")         # every rank exchanges alike: the same keys
-    keys = [f"gradsync/hosts/{name}/{n}/{r}" for r in range(size)]
+    keys = [f"{store_prefix()}/hosts/{name}/{n}/{r}" for r in range(size)]
     try:
         store.set(keys[rank], identity())
         store.wait(keys, datetime.timedelta(seconds=timeout))

@@ -17,7 +17,7 @@ import os
 
 from ....errors import PeerError
 from ...state import STATE, group_state
-from ..base import group_key, group_name
+from ..base import group_key, group_name, store_prefix
 from ..hosts import host_map
 from .group import SharedGroup
 from .segment import check_in, create, open_bells, open_segment, remove, sweep
@@ -66,7 +66,7 @@ def _kept(group, whole: bool, timeout: float) -> SharedGroup | str:
     else:
         key = name if whole else f"{name}@{found.host[rank]}"
         n = state.advance(f"shm set-ups {key}")      # every rank of the host sets up alike
-        result = _setup(store, f"gradsync/shm/{key}/{n}", members.index(rank), len(members), timeout, members)
+        result = _setup(store, f"{store_prefix()}/shm/{key}/{n}", members.index(rank), len(members), timeout, members)
     state.keep(slot, pg, result)
     return result
 

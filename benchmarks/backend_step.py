@@ -1,0 +1,189 @@
+"""A DDP and an FSDP2 training step on the gradsync backend against the same step on Gloo.
+
+Usage: python benchmarks/backend_step.py [--workers 4] [--launches 3] [--steps 10] [--blocks 3]
+       [--width 1024] [--layers 8] [--algorithms "all_reduce=ring,..."] [--out FILE]
+       python benchmarks/backend_step.py --collectives [--workers 4] [--sizes-mb 1,16]
+
+``--collectives`` times single collectives instead (all_reduce, reduce_scatter_tensor,
+all_gather_into_tensor of float32, median of 8 calls after 2): on the Gloo group, and on the
+gradsync group as a ring over Gloo's send/recv, a ring over shared memory, and ``one_host``.
+
+Each launch starts --workers local processes, and in each one two process groups over all of
+them: one on Gloo (``new_group(backend="gloo")``) and one on gradsync
+(``new_group(backend="gradsync")``, its choices from --algorithms, else "auto"). On each group
+it builds the same MLP (--layers layers of --width x --width, float32) twice: wrapped in
+DistributedDataParallel (4 MB buckets), and sharded with FSDP2's ``fully_shard`` per layer
+and at the top (the mesh ``DeviceMesh.from_group``). The four variants take turns in blocks of
+--steps steps (forward, backward, SGD step), the first block of each untimed; a launch's step
+time is the median over its blocks, and the figure is the median over launches of each
+launch's ratio gradsync / Gloo, side by side for DDP and FSDP2. Both groups' parameters are
+compared at the end (max |difference|, to show the same training happened).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+VARIANTS = ("ddp_gloo", "ddp_gradsync", "fsdp_gloo", "fsdp_gradsync")
+
+
+def _model(width: int, layers: int):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU())
+                                 for _ in range(layers)])
+
+
+def _variants(groups: dict, width: int, layers: int) -> dict:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = {}
+    for backend, group in groups.items():
+        ddp = DistributedDataParallel(_model(width, layers), process_group=group, bucket_cap_mb=4)
+        out[f"ddp_{backend}"] = (ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3))
+        mesh = DeviceMesh.from_group(group, "cpu")
+        sharded = _model(width, layers)
+        for layer in sharded:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        out[f"fsdp_{backend}"] = (sharded, torch.optim.SGD(sharded.parameters(), lr=1e-3))
+    return out
+
+
+def worker(rank, workers, steps, blocks, width, layers, algorithms):
+    import torch.distributed as dist
+
+    import gradsync.distributed
+
+    if algorithms:
+        os.environ["GRADSYNC_ALGORITHMS"] = algorithms
+    gradsync.distributed.register()
+    torch.set_num_threads(1)
+    groups = {"gloo": dist.new_group(backend="gloo"), "gradsync": dist.new_group(backend="gradsync")}
+    models = _variants(groups, width, layers)
+    x = torch.randn(32, width, generator=torch.Generator().manual_seed(rank))
+
+    def step(name):
+        net, opt = models[name]
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+
+    times = {name: [] for name in VARIANTS}
+    for block in range(blocks + 1):
+        for name in VARIANTS:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(name)
+            if block:
+                times[name].append((time.perf_counter() - start) / steps)
+    return {"seconds": {k: statistics.median(v) for k, v in times.items()}, "same": _same(models)}
+
+
+SETUPS = {"gloo": None, "ring over gloo": dict(transport="gloo"), "ring over shm": dict(transport="shm"),
+          "one_host": dict(all_reduce="one_host", reduce_scatter="one_host", all_gather="one_host")}
+
+
+def collectives(rank, workers, sizes_mb):
+    """Median milliseconds per call of each collective, per setup and size."""
+    import torch.distributed as dist
+
+    import gradsync.distributed
+
+    gradsync.distributed.register()
+    torch.set_num_threads(1)
+    gloo, ours = dist.new_group(backend="gloo"), dist.new_group(backend="gradsync")
+
+    def median_ms(fn, reps=8):
+        for _ in range(2):
+            fn()
+        times = []
+        for _ in range(reps):
+            dist.barrier(group=gloo)
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3
+
+    out = {}
+    for mb in sizes_mb:
+        full = torch.ones(int(mb * (1 << 18)) // workers * workers)
+        part = torch.ones(full.numel() // workers)
+        for setup, choices in SETUPS.items():
+            group = gloo if choices is None else ours
+            if choices is not None:
+                gradsync.distributed.configure(**{"all_reduce": "ring", "reduce_scatter": "ring",
+                                                  "all_gather": "ring", "transport": "auto", **choices})
+            out[f"{mb} MB {setup}"] = {
+                "all_reduce": median_ms(lambda: dist.all_reduce(full, group=group)),
+                "reduce_scatter": median_ms(lambda: dist.reduce_scatter_tensor(part, full, group=group)),
+                "all_gather": median_ms(lambda: dist.all_gather_into_tensor(full, part, group=group))}
+    return out
+
+
+def _same(models: dict) -> dict:
+    """Max |difference| of the parameters trained on Gloo and on gradsync, for DDP and FSDP2."""
+    out = {}
+    for kind in ("ddp", "fsdp"):
+        a, b = (models[f"{kind}_{backend}"][0] for backend in ("gloo", "gradsync"))
+        full = [(p.full_tensor() if hasattr(p, "full_tensor") else p, q.full_tensor() if hasattr(q, "full_tensor")
+                 else q) for p, q in zip(a.parameters(), b.parameters())]
+        out[kind] = max((p - q).abs().max().item() for p, q in full)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--algorithms", default="", help="GRADSYNC_ALGORITHMS for the gradsync group")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--collectives", action="store_true", help="time single collectives instead")
+    parser.add_argument("--sizes-mb", default="1,16")
+    args = parser.parse_args(argv)
+    from gradsync.tools.launch import run
+
+    if args.collectives:
+        result = run(collectives, args.workers, [float(x) for x in args.sizes_mb.split(",")], timeout=600.0)[0]
+        for name, row in result.items():
+            print(f"{name:24s} " + "  ".join(f"{k} {v:.2f} ms" for k, v in row.items()))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
+    launches = []
+    for i in range(args.launches):
+        per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers, args.algorithms,
+                       timeout=600.0)
+        seconds = {k: max(r["seconds"][k] for r in per_rank) for k in VARIANTS}     # the slowest rank's
+        launch = {"seconds": seconds, "same": per_rank[0]["same"],
+                  "ddp_ratio": seconds["ddp_gradsync"] / seconds["ddp_gloo"],
+                  "fsdp_ratio": seconds["fsdp_gradsync"] / seconds["fsdp_gloo"]}
+        launches.append(launch)
+        print(f"launch {i}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in seconds.items())
+              + f"  ratio ddp {launch['ddp_ratio']:.2f} fsdp {launch['fsdp_ratio']:.2f}  same {launch['same']}",
+              flush=True)
+    result = {"workers": args.workers, "width": args.width, "layers": args.layers, "steps": args.steps,
+              "blocks": args.blocks, "algorithms": args.algorithms or "auto", "launches": launches,
+              "median_ddp_ratio": statistics.median(x["ddp_ratio"] for x in launches),
+              "median_fsdp_ratio": statistics.median(x["fsdp_ratio"] for x in launches)}
+    print(f"median over {args.launches} launches, gradsync / Gloo step time: DDP {result['median_ddp_ratio']:.2f}x, "
+          f"FSDP2 {result['median_fsdp_ratio']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
