@@ -94,3 +94,25 @@ def test_a_mutated_ring_fails_verification(mutation, index):
         table["op"][index] = REDUCE
     with pytest.raises(ScheduleError):
         verify(Schedule("ring", 5, 50, table))
+
+
+def test_a_tree_is_told_as_children_sending_to_parents_and_back():
+    import re
+
+    from gradsync.core.narrate import narrate
+
+    s = schedule("tree", 7, 70)
+    told = narrate(s, np.linspace(0, 70, 8).astype(int))
+    first = told[0]["text"]
+    assert "to their parent in the tree" in first
+    senders = sorted(int(w) for w in re.findall(r"worker (\d+)", first.split(" each send")[0]))
+    assert senders == sorted(s.round(0)["src"].tolist())        # the leaves, as the table says
+    assert "to their children in the tree" in told[-1]["text"]
+
+
+def test_the_one_shot_exchange_is_told_in_one_sentence():
+    from gradsync.core.narrate import narrate
+
+    text = narrate(schedule("one_shot", 4, 80), [0, 20, 40, 60, 80])[0]["text"]
+    assert text.endswith("every worker sends its whole buffer to every other worker, which adds what it receives "
+                         "to its own.")

@@ -72,6 +72,11 @@ def _rule(src, dst, first, end, op, workers, chunks, names) -> str | None:
         return f"every worker sends chunk j to worker j, the chunk's owner, which {general}"
     if all_to_all and single and chunks == workers and np.all(first == src):
         return f"every worker j sends its finished chunk j to all the others, which {many}"
+    if all_to_all and np.all(first == 0) and np.all(end == chunks):
+        return f"every worker sends its whole buffer to every other worker, which {general}"
+    tree = _tree_rule(src, dst, first, end, chunks, names, one, many)
+    if tree is not None:
+        return tree
     full_round = len(src) == workers and len(set(src.tolist())) == workers and dst.max() < workers
     if not full_round:
         return None
@@ -94,6 +99,24 @@ def _rule(src, dst, first, end, op, workers, chunks, names) -> str | None:
             return (f"inside each group of {size} consecutive workers, every worker sends one piece to the next "
                     f"worker of its group (the last to the first), which {one}")
     return None
+
+
+def _tree_rule(src, dst, first, end, chunks, names, one, many) -> str | None:
+    """Up or down a binary tree laid out as a heap (worker i's parent is (i - 1) // 2)."""
+    same = np.all(first == first[0]) and np.all(end == end[0])
+    what = _chunks(int(first[0]), int(end[0]), chunks) if same else None
+    if len(set(src.tolist())) == len(src) and np.all(src > 0) and np.all(dst == (src - 1) // 2):
+        senders, whose, where = src, "parent", "worker i to worker (i - 1) // 2"
+        verb = one
+    elif len(set(dst.tolist())) == len(dst) and np.all(dst > 0) and np.all(src == (dst - 1) // 2):
+        senders, whose, where = np.unique(src), "children", "worker i to workers 2i + 1 and 2i + 2"
+        verb = many
+    else:
+        return None
+    if len(senders) == 1:
+        return f"{_names(senders, names)} sends {what or 'its piece'} to its {whose} in the tree ({where}), which {verb}"
+    return (f"{_names(senders, names)} each send {what or 'their piece'} to their {whose} in the tree ({where}), "
+            f"which {verb}")
 
 
 def narrate(schedule: Schedule, cuts, names=None, phases=None) -> list[dict]:
