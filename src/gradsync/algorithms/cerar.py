@@ -31,7 +31,7 @@ gradient is acceptable."""
 
 import numpy as np
 
-from ..coding import cerar as codec
+from ..coding import cerar as codec   # its designs load scipy on first use, not here
 from ..errors import ConfigError
 from ..core.schedule import CODED, COMPUTE_DTYPE, Schedule, transfers
 from ._common import Net, check_size

@@ -24,16 +24,35 @@ The modules, each building on the ones before it:
   ``emulate``, ``measure``), and the codec registry's calls (``design``, ``worker``);
 - ``blas``: the one-BLAS-thread limit the error checks and searches run under.
 
-Every public name is re-exported here: ``cerar.make(8, 16)``, ``cerar.Design``, ``cerar.Worker``.
+Every public name is re-exported here: ``cerar.make(8, 16)``, ``cerar.Design``, ``cerar.Worker``
+(loaded on first use: they load scipy, which every command would otherwise pay for at start).
 
+>>> from gradsync.coding.cerar import make
 >>> make(8, 16).rounds
 22
 """
 
-from .codec import Run, Worker, design, emulate, emulate_schedule, measure, run, verify_schedule, worker
-from .designs import CONSTRUCTIONS, SCALES, UNIT_ROUNDOFF, Design, split, unity, vandermonde
-from .search import (DEFAULT_MAX_ERROR, best, check_error, default_max_cond, largest_components, make, optimized,
-                     unity_at_cond, unity_best, vandermonde_best)
+from .limits import CONSTRUCTIONS, DEFAULT_MAX_ERROR, SCALES, UNIT_ROUNDOFF
+
+# The rest load on first use (they load scipy): which module holds each name.
+_WHERE = {**dict.fromkeys(("Run", "Worker", "design", "emulate", "emulate_schedule", "measure", "run",
+                           "verify_schedule", "worker"), "codec"),
+          **dict.fromkeys(("Design", "split", "unity", "vandermonde"), "designs"),
+          **dict.fromkeys(("best", "check_error", "default_max_cond", "largest_components", "make", "optimized",
+                           "unity_at_cond", "unity_best", "vandermonde_best"), "search")}
+
+
+def __getattr__(name):
+    """``cerar.make``, ``cerar.Design`` ...: imported from their module the first time."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["CONSTRUCTIONS", "DEFAULT_MAX_ERROR", "SCALES", "UNIT_ROUNDOFF", "Design", "Run", "Worker", "best",
            "check_error", "default_max_cond", "design", "emulate", "emulate_schedule", "largest_components",

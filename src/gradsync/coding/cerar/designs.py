@@ -17,12 +17,10 @@ import scipy.linalg
 
 from ...errors import ConfigError
 from .blas import _one_blas_thread
+from .limits import SCALES, UNIT_ROUNDOFF
 
-CONSTRUCTIONS = ("unity", "vandermonde", "optimized")
-SCALES = ("none", "midpoint", "per_worker")
 # float16: fp16 packets (``compression="fp16"`` over CERAR); its 11-bit rounding, amplified by
 # cond(M), leaves c > N designs at 2% error at best, so the default max_error refuses them
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "float32": 2.0**-24, "float64": 2.0**-53}
 
 
 def _check(workers, components):

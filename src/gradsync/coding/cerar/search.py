@@ -15,13 +15,13 @@ import scipy.optimize
 
 from ...errors import ConfigError
 from .blas import _one_blas_thread
-from .designs import CONSTRUCTIONS, SCALES, Design, _check, _check_dtype, _roots_upper, unity, vandermonde
+from .limits import CONSTRUCTIONS, DEFAULT_MAX_ERROR, SCALES
+from .designs import Design, _check, _check_dtype, _roots_upper, unity, vandermonde
 
 _EPS_FLOOR, _EPS_TOP = 1e-12, 0.5
 _GRID = 13               # log-spaced eps tried before refining: about one per factor 9
 _CACHE = 512             # designs (and searches) kept per process, by value
 _MAX_LAYERS = 16         # largest_components looks no further than c = 16 N
-DEFAULT_MAX_ERROR = 1e-2
 
 
 def _argmin_log(cost, lo: float, hi: float) -> float:
