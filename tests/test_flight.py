@@ -56,7 +56,7 @@ def test_after_a_killed_worker_doctor_names_the_dead_rank_and_the_collective_in_
     assert out["collective"]["bytes"] == 4096 and out["collective"]["dtype"] == "float32"
     text = out["paragraph"]
     assert text.startswith(f"Rank {victim} stopped first: it wrote no flight record")
-    assert f"collective #{call} (ring, 4.096 KB float32)" in text
+    assert f"collective #{call} (ring, 4 KiB float32)" in text
     cli = gradsync_cli("doctor", str(tmp_path))
     assert cli.returncode == 0 and cli.stdout.strip() == text
 
@@ -110,7 +110,7 @@ def test_with_every_record_present_the_rank_furthest_behind_stopped_first():
     out = diagnose(records)
     assert out["first"] == 1 and out["silent"] == []
     assert "Rank 1 stopped first: it was furthest behind" in out["paragraph"]
-    assert "The collective in flight was collective #5 (halving_doubling, 1.049 MB float32)." in out["paragraph"]
+    assert "The collective in flight was collective #5 (halving_doubling, 1 MiB float32)." in out["paragraph"]
     assert "rank 1 was in round 0 of 0-3 of collective #4" in out["paragraph"]
     assert "rank 0 was in round 2 of 0-3 of it; rank 1" in out["paragraph"]
     assert "rank 2 was in round 1 of 0-3 of it (records written on SIGUSR1)." in out["paragraph"]

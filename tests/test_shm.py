@@ -164,12 +164,12 @@ def test_a_killed_rank_of_a_group_spanning_hosts_is_named_on_both(victim):
 
 
 @pytest.mark.slow
-def test_bench_default_list_shows_ring_over_shared_memory_beside_the_engines_rows():
+def test_bench_default_list_shows_the_shared_buffer_all_reduce_beside_the_engines_rows():
     out = gradsync_cli("bench", "-n", "2", "--sizes", "4KB", "--iters", "2", "--format", "json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     pairs = [(r["algorithm"], r["transport"]) for r in rows]
-    assert pairs[0] == ("native", "native") and pairs[-1] == ("ring", "shm")
+    assert pairs[0] == ("native", "native") and pairs[-1] == ("auto", "shm")
     assert ("ring", "gloo") in pairs and all(t == "gloo" for _, t in pairs[1:-1])
     assert all(r["max_error"] < (1e-2 if r["algorithm"] == "cerar" else 1e-6) for r in rows)
     table = gradsync_cli("bench", "-n", "2", "--sizes", "4KB", "--iters", "1", "--algorithms", "ring")

@@ -1,17 +1,25 @@
 """Parse and format sizes, bandwidths and durations.
 
-Decimal units as D2L's arithmetic uses them: 1 MB = 10**6 bytes, 1 GB/s = 10**9 bytes/s.
-Binary units (KiB, MiB, GiB) and bits (Mbit, Gbit) are accepted too.
+Sizes of data are bytes, however the unit is spelled: ``4kb``, ``4KB``, ``4k`` and ``4000``
+are 4000 bytes; ``4KiB`` and ``4Ki`` are 4096 (decimal or binary as spelled, decimal as in
+D2L's arithmetic: 1 MB = 10**6 bytes). Bits are taken only for a rate spelled so:
+``100Mbit``, ``1Gbit/s``, ``100Mbps`` (bandwidths otherwise in bytes/s, 1 GB/s = 10**9 bytes/s).
+A size is shown the way it was most likely given: in decimal units when it is a round
+number of them, in binary ones when it is a round number of those.
+
+>>> parse_size("4kb"), parse_size("4KiB"), parse_bandwidth("1Gbit/s"), format_size(parse_size("1MiB"))
+(4000, 4096, 125000000.0, '1 MiB')
 """
 
 import re
 
 from .errors import ConfigError
 
-_PREFIX = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_DECIMAL = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BINARY = {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-_SIZE = re.compile(_NUMBER + r"\s*(|k|K|M|G|T|Ki|Mi|Gi|Ti)(B|bit|b)?$")
+_QUANTITY = re.compile(_NUMBER + r"\s*([kKmMgGtT]i?)?\s*(B|b|bytes?|bits?|bps|Bps)?$")
+_BITS = ("bit", "bits", "bps")
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -21,36 +29,43 @@ def _parse(text, what: str, example: str, rate: bool) -> float:
     else:
         s = str(text).strip()
         if rate:
-            s = re.sub(r"(/s|ps)$", "", s)
-        m = _SIZE.match(s)
+            s = re.sub(r"\s*/\s*s$", "", s)
+        m = _QUANTITY.match(s)
         if not m:
             raise ConfigError(f"bad {what} {text!r}: expected a number with a unit, like {example}")
         number, prefix, unit = m.groups()
-        value = float(number) * _PREFIX[prefix] / (8 if unit in ("bit", "b") else 1)
+        prefix = (prefix or "").lower()
+        scale = _BINARY[prefix] if prefix in _BINARY else _DECIMAL[prefix]
+        if unit in _BITS and not rate:
+            raise ConfigError(f"bad {what} {text!r}: sizes are in bytes (4KB, 4KiB); bits are for rates "
+                              f"(100Mbit/s)")
+        if unit == "b" and rate:
+            raise ConfigError(f"bad {what} {text!r}: say bits or bytes, like 100Mbit/s or 100MB/s")
+        value = float(number) * scale / (8 if unit in _BITS else 1)
     if not value >= 0 or value == float("inf"):
         raise ConfigError(f"bad {what} {text!r}: expected a finite number >= 0, like {example}")
     return value
 
 
 def parse_size(text) -> int:
-    """Return a byte count from ``"160MB"``, ``"4KiB"``, ``"1e6"`` or an int.
+    """Return a byte count from ``"160MB"``, ``"4kb"``, ``"4KiB"``, ``"1e6"`` or an int (bytes).
 
-    >>> parse_size("160MB")
-    160000000
+    >>> parse_size("160MB"), parse_size("4k"), parse_size("2MiB")
+    (160000000, 4000, 2097152)
     """
-    value = _parse(text, "size", "160MB or 4KiB", rate=False)
+    value = _parse(text, "size", "160MB or 4KiB (bytes)", rate=False)
     if abs(value - round(value)) > 1e-9 * max(value, 1.0):
         raise ConfigError(f"bad size {text!r}: {value:g} bytes is not a whole number of bytes")
     return int(round(value))
 
 
 def parse_bandwidth(text) -> float:
-    """Return bytes per second from ``"16GB/s"``, ``"100Mbit"`` or a number of bytes/s.
+    """Return bytes per second from ``"16GB/s"``, ``"100Mbit"``, ``"1Gbit/s"`` or a number of bytes/s.
 
-    >>> parse_bandwidth("100Mbit")
-    12500000.0
+    >>> parse_bandwidth("100Mbit"), parse_bandwidth("2GB/s")
+    (12500000.0, 2000000000.0)
     """
-    value = _parse(text, "bandwidth", "16GB/s or 100Mbit", rate=True)
+    value = _parse(text, "bandwidth", "16GB/s or 100Mbit/s", rate=True)
     if value <= 0:
         raise ConfigError(f"bad bandwidth {text!r}: must be > 0")
     return value
@@ -82,9 +97,31 @@ def format_time(seconds: float) -> str:
     return f"{seconds * 1e9:.3g} ns"
 
 
+def _round_in(nbytes: float, units) -> str | None:
+    """``nbytes`` in the largest of ``units`` it is a round number (at most 4 digits) of, else None."""
+    for unit, scale in units:
+        if nbytes >= scale:
+            value = nbytes / scale
+            shown = float(f"{value:.4g}")
+            return f"{shown:g} {unit}" if abs(shown - value) <= 1e-9 * value else None
+    return None
+
+
 def format_size(nbytes: float) -> str:
-    """Format bytes in decimal units: ``format_size(160e6) == '160 MB'``."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    """Format bytes as they were most likely given: in the units, decimal or binary, in which the
+    count is the shorter round number (``format_size(160e6) == '160 MB'``, ``format_size(4096) == '4 KiB'``).
+
+    >>> format_size(160e6), format_size(1 << 20), format_size(1234567), format_size(160)
+    ('160 MB', '1 MiB', '1.235 MB', '160 B')
+    """
+    if nbytes < 1000:
+        return f"{nbytes:.0f} B"
+    decimal = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3))
+    binary = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+    exact = [text for text in (_round_in(nbytes, decimal), _round_in(nbytes, binary)) if text]
+    if exact:
+        return min(exact, key=len)             # 4096 B is '4 KiB' rather than '4.096 KB'
+    for unit, scale in decimal:
         if nbytes >= scale:
             return f"{nbytes / scale:.4g} {unit}"
     return f"{nbytes:.0f} B"

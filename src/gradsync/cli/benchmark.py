@@ -56,7 +56,7 @@ def _check_bench_args(backend, transport, hostfile, link_bandwidth, trace_path, 
 def _bench_options(chosen, components, codec, backend, dtype):
     """Each algorithm's options (``--components``, ``--compression``) and the codec's label."""
     options = {a: {"components": components} for a in chosen
-               if components and "components" in algorithms.get(a).options}
+               if components and a != "auto" and "components" in algorithms.get(a).options}
     if codec is not None:
         codec = _codecs([codec])[0]
         if backend == "mpi" or dtype not in ("float32", "float64", "bfloat16"):
@@ -96,7 +96,7 @@ def _predictor(topology, chosen, options, dtype, workers):
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # under torchrun, the group's size
         workers = int(os.environ["WORLD_SIZE"])
     topo = _topology(topology, workers)
-    for name in chosen:                                       # refuses e.g. 'host' on a topology without one
+    for name in [a for a in chosen if a != "auto"]:           # refuses e.g. 'host' on a topology without one
         opts = {**default_options(name, topo, workers), **options.get(name, {})}
         opts.pop("compression", None)
         simulate(algorithms.build(name, workers, 0, dtype=dtype, **opts), topo, dtypes.itemsize(dtype))
@@ -137,8 +137,8 @@ def _bench_local(engine, workers, args, timeout, link_bandwidth, trace_path):
     from ..tools.launch import run
 
     with _links(workers, link_bandwidth) as network:
-        results = run(bench_mod.worker, workers, *args, engine, bool(trace_path), timeout=timeout * 4 + 600,
-                      network=network)
+        results = run(bench_mod.worker, workers, *args, engine, bool(trace_path), timeout=timeout,
+                      network=network, job_timeout=timeout * 4 + 600)
     rows = results[0]
     if trace_path:
         from ..tools.trace_files import merge
@@ -200,6 +200,10 @@ def _predict(rows, topo, options, codec, dtype, workers):
     from ..tools.bench import NATIVE
 
     for r in rows:
+        if r["algorithm"] == "auto":
+            r["predicted_s"] = _auto_prediction(topo, r["count"], dtype, workers)
+            r["prediction_error"] = (r["predicted_s"] - r["time_s"]) / r["time_s"] if r["time_s"] else 0.0
+            continue
         name = "ring" if r["algorithm"] == NATIVE else r["algorithm"]
         opts = {**default_options(name, topo, workers), **options.get(name, {})}
         if opts.pop("compression", None) is not None and r["algorithm"] != NATIVE:
@@ -208,12 +212,33 @@ def _predict(rows, topo, options, codec, dtype, workers):
         else:
             sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
             r["predicted_s"] = simulate(sched, topo, dtypes.itemsize(dtype)).time
-        r["prediction_error"] = r["predicted_s"] / r["time_s"] - 1 if r["time_s"] else 0.0
+        r["prediction_error"] = (r["predicted_s"] - r["time_s"]) / r["time_s"] if r["time_s"] else 0.0
 
 
-def _render_bench(rows, where, dtype, predicted, trace_path, plot):
+def _auto_prediction(topo, count, dtype, workers):
+    """What "auto" is predicted to take: the least simulated time of the exact algorithms on ``topo``."""
+    from ..errors import GradsyncError
+
+    best = None
+    for name in algorithms.names():
+        spec = algorithms.get(name)
+        if not (spec.exact and spec.accepts(dtype)):
+            continue
+        try:
+            opts = default_options(name, topo, workers)
+            t = simulate(algorithms.build(name, workers, count, dtype=dtype, **opts), topo, dtypes.itemsize(dtype)).time
+        except GradsyncError:
+            continue                     # e.g. host on a topology without one
+        best = t if best is None else min(best, t)
+    return best
+
+
+def _render_bench(rows, where, dtype, predicted, trace_path, plot, estimated=None):
+    from ..tools.bench import conclusions
+
     click.echo(f"gradsync bench: {where}, {dtype}; time = median over ranks' "
-               f"slowest; busbw = algbw x 2(N-1)/N")
+               f"slowest; busbw = algbw x 2(N-1)/N"
+               + ("; pred. error = (predicted - measured) / measured" if predicted else ""))
     headers = ["size", "count", "algorithm", "transport", "time", "algbw", "busbw", "max error"]
     if predicted:
         headers += ["predicted", "pred. error"]
@@ -225,19 +250,71 @@ def _render_bench(rows, where, dtype, predicted, trace_path, plot):
             line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
         table.append(line)
     _print_table(headers, table)
+    for line in conclusions(rows):
+        click.echo(line)
+    click.echo("max error: the largest difference from the exact sum (float64, every rank's input), over the "
+               "sum's largest magnitude; exact algorithms show only rounding (about 1e-7 in float32), "
+               "approximate ones (cerar) their approximation, refused above its max_error (1e-2).")
+    if predicted and any(r["transport"] in ("shm", "native", "mixed") for r in rows):
+        click.echo("predicted: the simulator's time on the topology's links; rows over shared memory and the "
+                   "engine's own all-reduce (predicted as a ring) do not use those links as modelled, so their "
+                   "errors measure how far they are from that model.")
+    if estimated is not None and rows and "peak_rss_bytes" in rows[-1]:
+        click.echo(f"memory: estimated {format_size(estimated['per_worker_bytes'])} per worker before the start, "
+                   f"measured peak {format_size(max(r['peak_rss_bytes'] for r in rows))} (the largest worker's "
+                   f"resident memory)")
     if trace_path:
         click.echo(f"trace written to {trace_path} (open it in ui.perfetto.dev)")
     if plot:
         click.echo(f"plot written to {plot}")
 
 
+def _bench_chosen(names, dtype) -> list[str]:
+    """``--algorithms``, where "auto" is a row too (``all_reduce(algorithm="auto")``):
+    ``_bench_chosen("ring,auto", "float32") == ["ring", "auto"]``."""
+    if names is None:
+        return _chosen(None, dtype)
+    parts = [a.strip() for a in names.split(",") if a.strip()]
+    rest = [a for a in parts if a != "auto"]
+    if rest or not parts:
+        _chosen(",".join(rest) if rest else names, dtype)
+    return parts
+
+
+def _check_fits(byte_sizes, workers, chosen, dtype, iters, beside, sizes_given):
+    """The run's estimate (``tools.bench.estimate``), or a one-line refusal naming it and the
+    largest size that fits, when all workers together would need more than 90% of the memory
+    available: ``_check_fits([4000], 2, ["ring"], "float32", None, 0, True)["total_bytes"] > 0``."""
+    from ..tools.bench import BASELINE_BYTES, available_memory, estimate
+
+    est = estimate(byte_sizes, workers, chosen, dtype, beside, iters)
+    avail = available_memory()
+    room = 0.9 * avail
+    if est["total_bytes"] <= room:
+        return est
+    fit = (room / workers - BASELINE_BYTES) / est["per_byte"]
+    itemsize = dtypes.itemsize(dtype)
+    nice = [m * 1000**k for k in range(1, 5) for m in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
+    largest = max((n for n in nice if n <= fit and n % itemsize == 0), default=None)
+    option = "--sizes" if sizes_given else "--max-size"
+    most = int(room // (BASELINE_BYTES + est["per_byte"] * min(byte_sizes)))
+    hint = (f"the largest size that fits is {format_size(largest)} ({option} {format_size(largest).replace(' ', '')})"
+            if largest else f"{workers} workers alone take about {format_size(workers * BASELINE_BYTES)}: at most "
+                            f"{most} fit")
+    raise click.BadParameter(
+        f"bench would need about {format_size(est['total_bytes'])} of memory ({workers} workers x "
+        f"{format_size(est['per_worker_bytes'])} at {format_size(est['largest'])}), and "
+        f"{format_size(avail)} is available: {hint}, or use fewer --workers or --algorithms",
+        param_hint=f"'{option}'")
+
+
 @main.command()
 @click.option("--workers", "-n", type=click.IntRange(2, 64), default=4, show_default=True,
               help="Local worker processes (Gloo over 127.0.0.1).")
 @click.option("--algorithms", "names", default=None,
-              help="Comma-separated algorithms (default: every one that takes the dtype; see 'gradsync list'); "
-                   "the engine's own all-reduce runs as 'native'.")
-@click.option("--sizes", default=None, help="Comma-separated message sizes (e.g. 4KB,1MB,64MB).")
+              help="Comma-separated algorithms (default: every one that takes the dtype; see 'gradsync list'), "
+                   "or 'auto' (gradsync's choice); the engine's own all-reduce runs as 'native'.")
+@click.option("--sizes", default=None, help="Comma-separated message sizes in bytes (e.g. 4KB,1MB,64MB, 4KiB).")
 @click.option("--min-size", type=Size(), default="4KB", show_default=True)
 @click.option("--max-size", type=Size(), default="256MB", show_default=True)
 @click.option("--iters", type=click.IntRange(1, 10000), default=None, help="Timed iterations per row (default by size).")
@@ -270,18 +347,31 @@ def _render_bench(rows, where, dtype, predicted, trace_path, plot):
 @format_option
 def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, backend, hostfile, transport, timeout,
           topology, link_bandwidth, trace_path, flight_dir, plot, codec, fmt):
-    """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests."""
+    """Time all-reduce between local worker processes, per algorithm and size, like nccl-tests.
+
+    Before anything starts, bench estimates each worker's memory from the sizes, the workers
+    and the algorithms (a copy of the tensor per row, the exact reference in float64, each
+    algorithm's scratch) and the time, and refuses in one line (exit code 2) a run that would
+    not fit in the memory available, naming the estimate and the largest size that fits.
+    Sizes are bytes (4KB, 4kb and 4k are 4000 B; 4KiB is 4096). It ends with, per size, the
+    fastest algorithm against the engine's own all-reduce (the native row)."""
     from ..tools import bench as bench_mod
+    from ..tools.launch import launched
 
     backend = _check_bench_args(backend, transport, hostfile, link_bandwidth, trace_path, codec, plot)
     # the default list over Gloo also shows shared memory where the ranks share a host
     engine = bench_mod.TorchEngine(transport, shared_rows=names is None and transport == "gloo" and codec is None
                                    and not (link_bandwidth or trace_path))
-    chosen = _chosen(names, dtype)
+    chosen = _bench_chosen(names, dtype)
     with _environment(_bench_environment(flight_dir)):
         options, codec = _bench_options(chosen, components, codec, backend, dtype)
         byte_sizes = _sizes(sizes, min_size, max_size, dtype)
-        topo = _predictor(topology, chosen, options, dtype, workers)
+        topo = _predictor(topology, chosen, options, dtype, workers)     # a bad topology first: it costs nothing
+        estimated = None if hostfile or launched() is not None else \
+            _check_fits(byte_sizes, workers, chosen, dtype, iters, int(engine.shared_rows), sizes is not None)
+        if estimated is not None and sys.stderr.isatty() and fmt == "table":
+            click.echo(f"gradsync bench: about {format_time(estimated['seconds'])} and "
+                       f"{format_size(estimated['total_bytes'])} of memory (estimated)", err=True)
         args = (byte_sizes, chosen, iters, dtype, timeout, options, fmt == "table" and sys.stderr.isatty())
         ran = _launch(backend, engine, workers, args, timeout, hostfile, link_bandwidth, trace_path)
     if ran is None:
@@ -299,4 +389,4 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     if plot:
         from ..tools.plots import bench_plot
         bench_plot(rows, plot, f"gradsync bench: {where}, {dtype}")
-    _emit(fmt, rows, lambda rows: _render_bench(rows, where, dtype, topo is not None, trace_path, plot))
+    _emit(fmt, rows, lambda rows: _render_bench(rows, where, dtype, topo is not None, trace_path, plot, estimated))

@@ -34,6 +34,9 @@ class Cli(click.Group):
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
         except _NO_ARGS_IS_HELP as exc:
+            if exc.ctx is not None and isinstance(exc.ctx.command, click.Group):   # `gradsync` alone: its help
+                click.echo(exc.ctx.get_help())
+                sys.exit(0)
             click.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
             sys.exit(2)
         except click.exceptions.Exit as exc:
@@ -50,13 +53,14 @@ class Cli(click.Group):
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="gradsync")
+@click.version_option(package_name="gradsync", prog_name="gradsync")
 def main():
     """gradsync: gradient synchronization strategies, simulated, costed and compared."""
 
 
 class Size(click.ParamType):
-    """A size option: ``160MB``, ``4KiB`` or a number of bytes, parsed by ``units.parse_size``."""
+    """A size option in bytes: ``160MB``, ``4kb`` (4000 B), ``4KiB`` (4096 B) or a bare number of
+    bytes, parsed by ``units.parse_size``."""
 
     name = "size"
 

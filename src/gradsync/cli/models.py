@@ -114,7 +114,7 @@ def _compare_row(name, topo, n, elements, dtype, components, names):
 
 
 def _render_compare(rows, topo, n, nbytes, dtype, codecs):
-    click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(nbytes)} {dtype}")
+    click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {n} workers, {format_size(nbytes)} {dtype}")
     _print_table(["algorithm", "simulated", "closed form", "busiest link", "bytes on it", "algbw",
                   "busbw", "error"],
                  [[r["algorithm"] + (f" c={r['components']}" if "components" in r else ""),
@@ -275,7 +275,7 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
 
 
 def _render_tune(o, rows, topo, plot):
-    click.echo(f"{topo.name}: {topo.description}; {o['workers']} workers")
+    click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {o['workers']} workers")
     names = list(rows[0]["times_s"])
     short = {a: a.replace("(components=", " c=").replace("(", " ").replace(")", "") for a in names}
     _print_table(["size", "best"] + [short[a] for a in names],
@@ -350,7 +350,7 @@ def _bench_rows(path):
 
 
 def _render_explain(o, topo, n, dtype, measured):
-    click.echo(f"{topo.name}: {topo.description}; {n} workers, {format_size(o['bytes'])} {dtype}")
+    click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {n} workers, {format_size(o['bytes'])} {dtype}")
     headers = ["candidate", "predicted", "latency", "bandwidth", "reduction", "codec", "bottleneck link"]
     if measured:
         headers.append("measured")

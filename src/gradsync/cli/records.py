@@ -34,8 +34,9 @@ def _signed_time(seconds):
 
 
 def _render_trace_compare(o):
-    click.echo(f"{o['algorithm']}, {format_size(o['bytes'])}: measured {format_time(o['measured_total_s'])} "
-               f"over its rounds, simulated {format_time(o['predicted_total_s'])}")
+    click.echo(f"{o['algorithm']}, {format_size(o['bytes'])}: rounds summed, measured "
+               f"{format_time(o['measured_total_s'])} and simulated {format_time(o['predicted_total_s'])}; "
+               f"gap = simulated - measured, error = (simulated - measured) / measured, as in bench")
     _print_table(["round", "measured", "simulated", "gap", "error"],
                  [[r["round"], "-" if r["measured_s"] is None else format_time(r["measured_s"]),
                    "-" if r["predicted_s"] is None else format_time(r["predicted_s"]), _signed_time(r["gap_s"]),
@@ -43,6 +44,11 @@ def _render_trace_compare(o):
     if o["largest_gap_round"] is not None:
         click.echo(f"largest gap: round {o['largest_gap_round']}; median error over rounds "
                    f"{o['median_abs_error']:.0%}")
+    if o.get("measured_call_s") is not None and o.get("predicted_call_s") is not None:
+        click.echo(f"whole collective: measured {format_time(o['measured_call_s'])} (the median call, as bench "
+                   f"times it: its rounds plus agreeing, setting up and finishing), simulated "
+                   f"{format_time(o['predicted_call_s'])} (the simulation's end, as simulate reports it: ranks' "
+                   f"rounds overlap, so it is not their sum)")
 
 
 @trace_group.command("compare")

@@ -154,7 +154,7 @@ def install_signal() -> bool:
     if SIGNAL.installed:
         return True
     if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None):   # ignored: the launcher's
         return False
     reader, writer = socket.socketpair()
     writer.setblocking(False)

@@ -7,6 +7,7 @@ its result against the float64 sum of exactly those inputs.
 
 from __future__ import annotations
 
+import resource
 import statistics
 import sys
 import time
@@ -16,8 +17,11 @@ import torch.distributed as dist
 
 from .. import dtypes
 from ..errors import ConfigError
+from ..units import format_size
+from .launch import doing
 from .progress_bar import bar as progress_bar
 from .report import bus_bandwidth
+from ..runtime import flight
 from ..runtime.api import all_reduce
 
 NATIVE = "native"
@@ -34,6 +38,111 @@ def _bench_dtype(name: str) -> torch.dtype:
 
 def default_iters(nbytes: int) -> int:
     return 20 if nbytes <= 1 << 20 else 10 if nbytes <= 16 << 20 else 5
+
+
+# What bench's workers hold, for the estimate made before anything starts (``estimate``).
+BASELINE_BYTES = 320 << 20      # a worker with torch and its process group loaded: 293 MB measured here
+POOL_IDLE_BYTES = 1 << 30       # the scratch pool keeps up to this much of earlier rows' scratch
+# scratch per algorithm at N workers, as a multiple of the tensor (docs/architecture.md's table,
+# the largest rank); an algorithm not named here is taken at N - 1, the most any takes
+SCRATCH = {"central": lambda n: n - 1, "host": lambda n: n, "sharded": lambda n: (n - 1) / n,
+           "ring": lambda n: min(0.5, 2 / n), "tree": lambda n: 0.5, "halving_doubling": lambda n: 0.75,
+           "cerar": lambda n: 7.0, "hierarchical": lambda n: 1.0, "auto": lambda n: 1.0}
+LOOPBACK_BPS = 1.5e9            # Gloo's all-reduce over loopback, 2 ranks, 16 MB: 1.6 GB/s algbw measured
+START_S, START_PER_WORKER_S = 4.0, 1.5     # the command's imports, then each worker's (2 cores)
+INPUT_PASSES, MEMORY_BPS = 8, 1e9          # the reference: about 8 passes over float64 copies per rank
+
+
+def estimate(sizes, workers: int, names, dtype_name: str = "float32", rows_beside: int = 0,
+             iters=None, cores: int | None = None) -> dict:
+    """What a bench run will take, before it starts: each worker's peak memory at the largest
+    size (``per_worker_bytes``), all workers' (``total_bytes``), and a rough wall time
+    (``seconds``: loopback at about 1.5 GB/s shared by the cores). The memory: per row a copy
+    of the tensor (the native row's included, plus one the engine keeps), the input, the exact
+    reference and two temporaries in float64, the algorithms' scratch (``SCRATCH``), and a
+    loaded worker (``BASELINE_BYTES``). ``rows_beside``: rows added beside the chosen ones.
+
+    >>> e = estimate([64 << 20], 2, ["ring"])
+    >>> round(e["per_worker_bytes"] / 2**20), e["total_bytes"] == 2 * e["per_worker_bytes"]
+    (1120, True)
+    """
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    names = list(names)
+    copies = len(names) + rows_beside + 3                   # the rows, native's, the input, the engine's
+    factors = [SCRATCH.get(a, lambda n: n - 1)(workers) for a in names] or [0.0]
+    float64 = 8 / dtypes.itemsize(dtype_name)
+
+    def per_worker(nbytes: int) -> float:
+        scratch = min(sum(factors) * nbytes, max(factors) * nbytes + POOL_IDLE_BYTES)
+        return BASELINE_BYTES + nbytes * (copies + 4 * float64) + scratch
+
+    crowding = max(1.0, workers / cores)
+    seconds = START_S + START_PER_WORKER_S * workers * crowding
+    for nbytes in sizes:
+        call = 1e-3 * workers + 2 * (workers - 1) / workers * nbytes / LOOPBACK_BPS * crowding
+        inputs = workers * nbytes * float64 * INPUT_PASSES / MEMORY_BPS * crowding   # the exact reference
+        seconds += inputs + (len(names) + rows_beside + 1) * (iters or default_iters(nbytes)) * (1 + 1 / BLOCK) * call
+    top = max(sizes)
+    return {"per_worker_bytes": int(per_worker(top)), "total_bytes": int(workers * per_worker(top)),
+            "seconds": seconds, "largest": top, "per_byte": (per_worker(top) - BASELINE_BYTES) / top}
+
+
+def available_memory() -> int:
+    """Bytes this process may still use: the kernel's MemAvailable, or less under a cgroup limit
+    (``available_memory() > 0``)."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    for path, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(path) as fh, open(used) as gh:
+                limit, current = fh.read().strip(), int(gh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            room = int(limit) - current
+            avail = room if avail is None else min(avail, room)
+    return avail if avail is not None else 1 << 62
+
+
+def conclusions(rows: list[dict]) -> list[str]:
+    """Per size, which row was fastest and by how much against the engine's own all-reduce
+    (the native row), in one sentence each.
+
+    >>> conclusions([{"bytes": 4000, "algorithm": "native", "transport": "native", "time_s": 2e-3},
+    ...              {"bytes": 4000, "algorithm": "tree", "transport": "gloo", "time_s": 1e-3}])
+    ["4 KB: tree (gloo) was fastest, 2.00x faster than the engine's own all-reduce (1 ms against 2 ms)."]
+    """
+    from ..units import format_time
+
+    out = []
+    for nbytes in dict.fromkeys(r["bytes"] for r in rows):
+        here = [r for r in rows if r["bytes"] == nbytes and r["time_s"] > 0]
+        native = next((r for r in here if r["algorithm"] == NATIVE), None)
+        ours = [r for r in here if r["algorithm"] != NATIVE]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["time_s"])
+        name = f"{best['algorithm']} ({best['transport']})"
+        if native is None:
+            out.append(f"{format_size(nbytes)}: {name} was fastest ({format_time(best['time_s'])}).")
+        elif best["time_s"] <= native["time_s"]:
+            out.append(f"{format_size(nbytes)}: {name} was fastest, {native['time_s'] / best['time_s']:.2f}x faster "
+                       f"than the engine's own all-reduce ({format_time(best['time_s'])} against "
+                       f"{format_time(native['time_s'])}).")
+        else:
+            out.append(f"{format_size(nbytes)}: the engine's own all-reduce was fastest "
+                       f"({format_time(native['time_s'])}); the best of gradsync's, {name}, took "
+                       f"{best['time_s'] / native['time_s']:.2f}x as long ({format_time(best['time_s'])}).")
+    return out
 
 
 def _inputs(rank: int, workers: int, elements: int, dtype: torch.dtype):
@@ -78,8 +187,9 @@ def time_in_blocks(calls: dict, total: int, barrier, before=None) -> dict:
 class TorchEngine:
     """The torch.distributed engine: Gloo's own all-reduce is the native row; gradsync's rows
     run over ``transport`` ("gloo", "shm" or "auto", as ``gradsync.all_reduce`` takes).
-    ``shared_rows``: beside rows over Gloo, where ranks share a host, the ring over shared
-    memory too (one host) or the hierarchical all-reduce over the mixed transport (several)."""
+    ``shared_rows``: beside rows over Gloo, where ranks share a host, the shared-buffer
+    all-reduce too ("auto" over shared memory: one-shot or two-shot by direct reads, one host)
+    or the hierarchical all-reduce over the mixed transport (several)."""
 
     def __init__(self, transport: str = "gloo", shared_rows: bool = False):
         self.transport = transport
@@ -93,7 +203,8 @@ class TorchEngine:
         from ..runtime.transport import auto_kind
 
         kind = auto_kind(host_map())
-        return [("ring", "shm")] if kind == "shm" else [("hierarchical", "mixed")] if kind == "mixed" else []
+        # one host: "auto" over shared memory is the shared-buffer all-reduce (one-shot or two-shot by reads)
+        return [("auto", "shm")] if kind == "shm" else [("hierarchical", "mixed")] if kind == "mixed" else []
 
     def transport_used(self) -> str:
         """What gradsync's rows run over: "auto" resolved (every rank together)."""
@@ -153,49 +264,83 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
            engine=None, trace: bool = False):
     """One rank's part of the benchmark; rank 0 returns the rows. With ``trace``, every rank
     returns ``{"rows": rows, "trace": its Chrome trace}`` (gradsync's collectives traced, not
-    the native row)."""
+    the native row). Each row also carries ``peak_rss_bytes``: the largest worker's resident
+    high-water mark so far. With GRADSYNC_FLIGHT_DIR set, every rank writes its flight record
+    at the end of a healthy run too, so that ``gradsync doctor`` has the run to read."""
     torch.set_num_threads(1)
     engine = engine or TorchEngine()
     tracer = None
     if trace:
         from ..runtime.tracing import Trace
         tracer = Trace()
-    transport = engine.transport_used()
     extra = engine.extra_rows()
-    dtype, itemsize = _bench_dtype(dtype_name), dtypes.itemsize(dtype_name)
-    rows, total = [], len(sizes) * (len(names) + 1 + len(extra))
-    bar = progress_bar(total, "bench") if progress and rank == 0 else None
+    # a row's key: its algorithm, or "algorithm@transport" for a row beside the chosen transport
+    names_here = [NATIVE] + list(names) + [f"{a}@{t}" for a, t in extra]
+    bar = progress_bar(len(sizes) * len(names_here), "bench") if progress and rank == 0 else None
+    rows, transport = [], engine.transport_used()
     for nbytes in sizes:
-        elements = nbytes // itemsize
-        mine, reference = _inputs(rank, workers, elements, dtype)
-        # a row's key: its algorithm, or "algorithm@transport" for a row beside the chosen transport
-        names_here = [NATIVE] + list(names) + [f"{a}@{t}" for a, t in extra]
-        bufs = {name: mine.clone() for name in names_here}
-        calls = {name: engine.native(bufs[name]) if name == NATIVE else
-                 engine.ours(name.partition("@")[0], bufs[name], timeout,
-                             {**options.get(name, {}), **({"trace": tracer} if tracer else {})},
-                             name.partition("@")[2] or None)
-                 for name in names_here}
-        times = time_in_blocks(calls, iters or default_iters(nbytes), engine.barrier,
-                               before=lambda name: bufs[name].copy_(mine))
-        scale = reference.abs().max().item() or 1.0
-        for name in names_here:
-            error = (bufs[name].double() - reference).abs().max().item() / scale if elements else 0.0
-            stats = engine.max(torch.tensor([statistics.median(times[name]), error], dtype=torch.float64))
-            t = stats[0].item()
-            algbw = nbytes / t if t > 0 else 0.0
-            algorithm, _, beside = name.partition("@")
-            rows.append({"algorithm": algorithm, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
-                         "time_s": t, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": bus_bandwidth(nbytes, t, workers) / 1e9, "max_error": stats[1].item(),
-                         "workers": workers, "transport": "native" if name == NATIVE else beside or transport})
-            if bar:
-                bar(f"{name} {nbytes} B")
+        rows += _one_size(rank, workers, nbytes, names_here, iters, dtype_name, timeout, options, engine,
+                          tracer, transport, bar)
     if bar:
         bar(None)
+    doing("writing the flight record at the end of the run")
+    flight.RECORDER.dump("completion")      # only where GRADSYNC_FLIGHT_DIR is set
+    doing("shutting down")
     if tracer is not None:
         return {"rows": rows if rank == 0 else None, "trace": tracer.to_dict()}
     return rows if rank == 0 else None
+
+
+def _one_size(rank, workers, nbytes, names_here, iters, dtype_name, timeout, options, engine, tracer,
+              transport, bar) -> list[dict]:
+    """Every row of one size: each rank times every row, then the ranks' slowest time, largest
+    error and largest peak memory are gathered (the engine's all-reduce)."""
+    dtype, itemsize = _bench_dtype(dtype_name), dtypes.itemsize(dtype_name)
+    elements = nbytes // itemsize
+    mine, reference = _inputs(rank, workers, elements, dtype)
+    bufs = {name: mine.clone() for name in names_here}
+    calls = {name: engine.native(bufs[name]) if name == NATIVE else
+             engine.ours(name.partition("@")[0], bufs[name], timeout,
+                         {**options.get(name, {}), **({"trace": tracer} if tracer else {})},
+                         name.partition("@")[2] or None)
+             for name in names_here}
+    size = format_size(nbytes)
+
+    def before(name):
+        doing(f"timing {_row_label(name)} at {size}")
+        bufs[name].copy_(mine)
+
+    def barrier():
+        doing(f"waiting at the engine's barrier between rows at {size}")
+        engine.barrier()
+
+    times = time_in_blocks(calls, iters or default_iters(nbytes), barrier, before=before)
+    doing(f"gathering every rank's times and errors at {size} (the engine's all-reduce)")
+    scale = reference.abs().max().item() or 1.0
+    rows = []
+    for name in names_here:
+        error = (bufs[name].double() - reference).abs().max().item() / scale if elements else 0.0
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024       # KiB on Linux
+        stats = engine.max(torch.tensor([statistics.median(times[name]), error, rss], dtype=torch.float64))
+        t = stats[0].item()
+        algbw = nbytes / t if t > 0 else 0.0
+        algorithm, _, beside = name.partition("@")
+        rows.append({"algorithm": algorithm, "bytes": elements * itemsize, "count": elements, "dtype": dtype_name,
+                     "time_s": t, "algbw_GBps": algbw / 1e9,
+                     "busbw_GBps": bus_bandwidth(nbytes, t, workers) / 1e9, "max_error": stats[1].item(),
+                     "workers": workers, "transport": "native" if name == NATIVE else beside or transport,
+                     "peak_rss_bytes": int(stats[2].item())})
+        if bar:
+            bar(f"{name} {size}")
+    return rows
+
+
+def _row_label(name: str) -> str:
+    """A row in words: ``_row_label("native")`` is "the engine's own all-reduce (the native row)"."""
+    if name == NATIVE:
+        return "the engine's own all-reduce (the native row)"
+    algorithm, _, transport = name.partition("@")
+    return f"{algorithm}" + (f" over {transport}" if transport else "")
 
 
 def mpi_main(argv=None) -> None:

@@ -1,8 +1,12 @@
 """``gradsync doctor DIR``: read every rank's flight record and say what happened, in one paragraph.
 
 The records are the files the flight recorder (``gradsync.runtime.flight``) writes, one per rank,
-on a PeerError, a MismatchError or SIGUSR1. The reading:
+on a PeerError, a MismatchError or SIGUSR1 (and ``gradsync bench --flight-dir`` at the end of a
+healthy run). The reading:
 
+- every rank with a file, none of them with a collective open or failed: nothing went wrong
+  (records written at the end of a healthy run, ``bench --flight-dir``, or on SIGUSR1 when
+  nothing hung);
 - a rank of the group without a file wrote nothing: it died without a chance to (SIGKILL, the
   out-of-memory killer, a lost machine) or was never asked (SIGUSR1 sent to some ranks only);
 - each rank's collective in flight is its latest entry not done; the rank that stopped first
@@ -85,6 +89,8 @@ def diagnose(records: list[dict]) -> dict:
     by_rank = {r["rank"]: r for r in records}
     silent = [r for r in range(size) if r not in by_rank]
     flights = {rank: _in_flight(rec) for rank, rec in by_rank.items()}
+    if not silent and all(e is None or e["phase"] == "done" for e in flights.values()):
+        return _healthy(records, flights, size)
     blamed = Counter(e["error_peer"] for e in flights.values() if e and e.get("error_peer") is not None)
     named = [rank for rank, _ in blamed.most_common()]
     first, why = None, ""
@@ -126,9 +132,21 @@ def diagnose(records: list[dict]) -> dict:
         + ("" if place.startswith(("had ", "left ")) else "was " if len(ranks) == 1 else "were ") + place
         for place, ranks in sorted(places.items(), key=lambda item: item[1][0]))
         + f" (records written on {', '.join(reasons)}).")
-    return {"first": first, "silent": silent, "size": size,
+    return {"first": first, "silent": silent, "size": size, "healthy": False,
             "collective": in_flight, "ranks": {str(rank): flights.get(rank) for rank in range(size)},
             "paragraph": " ".join(lines)}
+
+
+def _healthy(records: list[dict], flights: dict, size: int) -> dict:
+    """Every rank wrote a record and none has a collective open or failed: nothing went wrong."""
+    last = max((e for e in flights.values() if e), key=lambda e: e["sequence"], default=None)
+    reasons = ", ".join(sorted({rec["reason"] for rec in records}))
+    finished = (f"every rank had finished its last collective, {_describe(last)}" if last is not None
+                else "no rank had run a collective")
+    paragraph = (f"Nothing went wrong in gradsync's collectives: all {_count(size, 'rank')} wrote a record "
+                 f"(on {reasons}), none failed a collective, and {finished}.")
+    return {"first": None, "silent": [], "size": size, "collective": None, "healthy": True,
+            "ranks": {str(rank): flights.get(rank) for rank in range(size)}, "paragraph": paragraph}
 
 
 def _count(n: int, what: str) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import queue as queue_module
+import shutil
+import signal
 import socket
+import sys
+import tempfile
 import time
-import traceback
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -20,6 +22,7 @@ import torch.multiprocessing as mp
 from .. import algorithms
 from ..errors import ConfigError, GradsyncError
 from ..runtime import flight
+from .launch_report import MEETING, STARTING, Job, current, describe_failure, engine_messages
 
 LOOPBACK = "127.0.0.1"
 
@@ -47,7 +50,37 @@ def rendezvous_store(host: str, port: int, rank: int, workers: int, timeout: flo
                          master_listen_fd=listener.detach())
 
 
-def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, external=()):
+PHASE_BYTES = 120             # what a worker is doing, as its slot in the launcher's table holds it
+START_UP_S = 60.0             # at least this long for every worker to reach the store
+
+
+class _Phase:
+    """This worker's slot (set by ``doing``) in the launcher's shared table of what each rank is
+    doing, read when the rank dies without a word; None outside ``run``'s workers."""
+
+    def __init__(self):
+        self.slot = None
+
+
+PHASE = _Phase()
+
+
+def doing(what: str) -> None:
+    """Say what this worker is doing now, so that the launcher can say it if the rank dies
+    (a no-op outside ``run``'s workers). Costs a copy of at most 120 bytes.
+
+    >>> doing("timing ring at 16 MB")     # outside a launched worker: nothing happens
+    """
+    slot = PHASE.slot
+    if slot is not None:
+        slot.value = what.encode()[:PHASE_BYTES - 1]
+
+
+def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, external=(), phase=None,
+           log=None):
+    PHASE.slot = phase
+    _signals_in_worker()
+    _engine_messages_to(log)
     if network is not None:                                  # a worker behind an emulated slow link
         from .links import enter
         enter(network.namespace_of(rank))
@@ -58,21 +91,50 @@ def _entry(rank, workers, port, host, fn, args, results, timeout, network=None, 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")    # listen on loopback only
     # workers per machine, as torchrun says it: what hierarchical algorithms group by
     os.environ["LOCAL_WORLD_SIZE"] = str(network.per_node if network is not None else workers)
-    flight.watch_signal()                     # SIGUSR1 writes the flight record from the start (GRADSYNC_FLIGHT_DIR)
     try:
         algorithms.load_external(external)    # a spawned process sees only gradsync's own algorithms
-        dist.init_process_group("gloo", store=rendezvous_store(host, port, rank, workers, timeout), rank=rank,
-                                world_size=workers, timeout=datetime.timedelta(seconds=timeout))
-        results.put((rank, "ok", fn(rank, workers, *args)))
+        doing(MEETING)
+        # the store waits for the slowest to start (N imports of torch on shared cores), the group's
+        # collectives for `timeout`; a rank that dies starting is caught by the launcher at once
+        store = rendezvous_store(host, port, rank, workers, max(timeout, START_UP_S))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=workers,
+                                timeout=datetime.timedelta(seconds=timeout))
+        doing(f"running {getattr(fn, '__name__', 'the worker')}")
+        value = fn(rank, workers, *args)
+        doing("shutting down")
+        results.put((rank, "ok", value))
     except BaseException as exc:  # report every failure to the parent, then exit
-        detail = f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, GradsyncError):
-            detail += "\n" + traceback.format_exc(limit=6)
-        results.put((rank, "error", detail))
+        results.put((rank, "error", describe_failure(exc, current(phase))))
     finally:
         if dist.is_initialized():
             _check_out(rank, workers)
             dist.destroy_process_group()
+
+
+def _engine_messages_to(path) -> None:
+    """What the engine writes straight to fd 2 (c10d's C++ warnings, each with dozens of stack
+    frames) goes to ``path``; Python's ``sys.stderr`` (tracebacks, warnings, progress) stays."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if path is not None else None
+    except OSError:
+        return                                 # no file, no redirection: the messages stay on stderr
+    if fd is not None:
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _signals_in_worker() -> None:
+    """A worker starts with SIGINT ignored and SIGUSR1 blocked (inherited from ``run``): Ctrl-C
+    is the launcher's to handle (it stops the workers), and SIGUSR1 writes the flight record once
+    the handler is in (``GRADSYNC_FLIGHT_DIR``), else is ignored: a signal sent while the worker
+    was still importing waits, blocked, until now and never kills it."""
+    if not flight.watch_signal():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1, signal.SIGINT})
+
+
 
 
 def _check_out(rank: int, workers: int, grace: float = 3.0) -> None:
@@ -92,10 +154,8 @@ def _check_out(rank: int, workers: int, grace: float = 3.0) -> None:
 
 @contextlib.contextmanager
 def _one_openmp_thread():
-    """Children start with OMP_NUM_THREADS=1 unless the user set it, as torchrun does: N
-    processes each with an OpenMP pool the size of the machine oversubscribe its cores. It
-    has to be in their environment before torch loads (set inside the worker, as it was, torch
-    still ran 2 threads here)."""
+    """Children start with OMP_NUM_THREADS=1 unless the user set it, as torchrun does (N OpenMP
+    pools the size of the machine oversubscribe it); it must be set before torch loads."""
     preset = "OMP_NUM_THREADS" in os.environ
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -150,75 +210,89 @@ def as_launched(fn, *args, timeout: float = 300.0):
 
 
 def run(fn, workers: int, *args, host: str = LOOPBACK, timeout: float = 300.0, tolerate: bool = False,
-        network=None) -> list:
+        network=None, job_timeout: float | None = None) -> list:
     """Run ``fn(rank, workers, *args)`` in ``workers`` new processes; return their results by rank.
 
     ``fn`` must be importable (defined at module level). A worker that raises or dies makes
-    this raise ``GradsyncError`` naming it, unless ``tolerate``: then its slot holds the error.
-    ``network``: a ``links.SlowLinks`` whose namespaces the workers join (slow-link emulation).
+    this raise ``GradsyncError`` in one line: who failed first, when, doing what (``doing``);
+    the others are stopped within ``timeout`` + 2 s (at once if it died starting). With
+    ``tolerate`` they run on, and a failed worker's slot holds its error. ``timeout``: the
+    process group's collectives; ``job_timeout`` (default ``timeout`` + 30 s): the whole job.
+    ``network``: a ``links.SlowLinks`` whose namespaces the workers join. Ctrl-C stops every
+    worker at once (they never see it) and removes their shared memory.
 
-    Example::
+    The engine's own messages (c10d's C++ warnings with their stack frames) go to a file per
+    rank: replayed on stderr after a healthy run, named in the error after a failure.
 
-        def body(rank, workers):
-            t = torch.full((4,), float(rank))
-            gradsync.all_reduce(t)
-            return t.tolist()
-
-        run(body, 3)   # [[3.0, 3.0, 3.0, 3.0]] * 3
+    Example: ``run(body, 3)`` with ``def body(rank, workers): gradsync.all_reduce(t := torch.ones(4));
+    return t.tolist()`` at module level gives ``[[3.0, 3.0, 3.0, 3.0]] * 3``.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 256:
         raise ConfigError(f"workers must be an integer in 1..256, got {workers!r}")
     if network is not None and network.workers != workers:
         raise ConfigError(f"the slow-link network is for {network.workers} workers, not {workers}")
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     if network is not None:
         host, port = network.addresses[0], network.port      # rank 0's address, in fresh namespaces
     else:
         port = free_port(host)
-    procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network,
-                                              algorithms.external()), daemon=True) for r in range(workers)]
-    with _one_openmp_thread():
+    logs = tempfile.mkdtemp(prefix="gradsync-workers-")
+    with _one_openmp_thread(), _signals_blocked():          # the children inherit the mask, not the wait
+        results = ctx.Queue()
+        phases = [ctx.Array("c", PHASE_BYTES, lock=False) for _ in range(workers)]
+        for slot in phases:
+            slot.value = STARTING.encode()
+        procs = [ctx.Process(target=_entry, args=(r, workers, port, host, fn, args, results, timeout, network,
+                                                  algorithms.external(), phases[r], f"{logs}/rank{r}.log"),
+                             daemon=True) for r in range(workers)]
         for p in procs:
             p.start()
+    job = Job(procs, results, phases, timeout, timeout + 30 if job_timeout is None else job_timeout, tolerate)
     try:
-        out, errors = _collect(procs, results, timeout)
+        job.collect()
+    except BaseException:
+        _stop(procs, at_once=True)
+        shutil.rmtree(logs, ignore_errors=True)
+        raise
+    _stop(procs, at_once=bool(job.errors) and not tolerate)
+    kept = engine_messages(logs, replay=not job.errors, keep=bool(job.errors) and not tolerate)
+    if job.errors and not tolerate:
+        raise GradsyncError(job.summary() + (f"; the engine's own messages are in {kept}" if kept else ""))
+    for r, msg in job.errors.items():
+        job.out[r] = GradsyncError(f"rank {r}: {msg}")
+    return job.out
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    """SIGINT and SIGUSR1 held back while the workers are started, and SIGINT ignored: each child
+    inherits both (Python leaves an ignored SIGINT alone, where it would unblock a blocked one;
+    the worker unblocks SIGUSR1 itself once it can handle it). A Ctrl-C meanwhile stays pending
+    (Linux queues a blocked signal even while it is ignored) and reaches this process as soon
+    as the block ends."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGUSR1})
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:                   # not the main thread: the mask alone
+        handler = None
+    try:
+        yield
     finally:
-        for p in procs:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _stop(procs: list, at_once: bool) -> None:
+    """End the workers: wait for them (10 s each) unless ``at_once``, then kill what is left
+    and remove the shared-memory segments of those that died holding them."""
+    for p in procs:
+        if not at_once:
             p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    if errors and not tolerate:
-        lines = "; ".join(f"rank {r}: {msg.splitlines()[0]}" for r, msg in sorted(errors.items()))
-        raise GradsyncError(f"{len(errors)} of {workers} workers failed: {lines}")
-    for r, msg in errors.items():
-        out[r] = GradsyncError(f"rank {r}: {msg}")
-    return out
-
-
-def _collect(procs: list, results, timeout: float) -> tuple[list, dict[int, str]]:
-    """The workers' results by rank as they report them, and the errors of those that failed,
-    died without a word, or said nothing within ``timeout`` + 30 s."""
-    workers = len(procs)
-    out, errors, done = [None] * workers, {}, set()
-    deadline = time.monotonic() + timeout + 30
-    while len(done) < workers and time.monotonic() < deadline:
-        try:
-            rank, status, value = results.get(timeout=0.2)
-        except queue_module.Empty:
-            for r, p in enumerate(procs):   # a process gone without a word has died
-                if r not in done and not p.is_alive() and results.empty():
-                    time.sleep(0.2)
-                    if results.empty():
-                        errors[r] = f"died with exit code {p.exitcode} before reporting"
-                        done.add(r)
-            continue
-        done.add(rank)
-        if status == "ok":
-            out[rank] = value
-        else:
-            errors[rank] = value
-    for r in range(workers):
-        if r not in done:
-            errors[r] = "no result before the timeout (the process hung)"
-    return out, errors
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=5)
+    if any(p.exitcode is not None and p.exitcode < 0 for p in procs):
+        from ..runtime.transport.shm import sweep
+        sweep()

@@ -211,11 +211,12 @@ def train(workers: int, cfg: TrainConfig, progress: bool = False, network=None, 
     from ..tools.trace_files import merge
 
     if launched() is not None:        # one rank of a job torchrun (or mpirun, srun) started, maybe on many machines
-        result, rank, workers = as_launched(worker, cfg, progress, False, timeout=cfg.timeout * 10 + 600)
+        result, rank, workers = as_launched(worker, cfg, progress, False, timeout=cfg.timeout)
         cfg.check(workers)
         return {"workers": workers, "config": asdict(cfg), "history": result, "rank": rank}
     cfg.check(workers)
-    results = run(worker, workers, cfg, progress, trace, timeout=cfg.timeout * 10 + 600, network=network)
+    results = run(worker, workers, cfg, progress, trace, timeout=cfg.timeout, job_timeout=cfg.timeout * 10 + 600,
+                  network=network)
     if trace:
         return {"workers": workers, "config": asdict(cfg), "history": results[0]["history"],
                 "trace": merge([r["trace"] for r in results])}

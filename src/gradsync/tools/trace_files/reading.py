@@ -152,7 +152,12 @@ def round_times(trace: dict, algorithm: str | None = None, nbytes: int | None = 
 def compare(measured: dict, simulated: dict) -> dict:
     """Per round, the measured median duration beside the simulated one, for the collective the
     simulated trace holds (its algorithm and size); where the gap is largest; and the median
-    relative error over rounds. ConfigError if the measured trace holds no such collective."""
+    relative error over rounds. One sign convention, as ``bench`` has it: ``error`` is
+    (simulated - measured) / measured and ``gap_s`` simulated - measured, so + means the
+    simulator predicted more time. The totals: each side's rounds summed, and each side's
+    whole collective (measured: the median call, as bench times it, which adds the agreement,
+    set-up and finishing outside the rounds; simulated: the simulation's end, where one rank's
+    rounds overlap another's). ConfigError if the measured trace holds no such collective."""
     info = simulated.get("otherData", {}).get("gradsync", {})
     if info.get("kind") != "simulated":
         raise ConfigError("the second trace must be a simulated one (gradsync simulate --trace)")
@@ -168,16 +173,20 @@ def compare(measured: dict, simulated: dict) -> dict:
     for r in sorted(set(got) | set(predicted)):
         m, p = got.get(r), predicted.get(r)
         rows.append({"round": r, "measured_s": m, "predicted_s": p,
-                     "gap_s": None if m is None or p is None else m - p,
-                     "error": None if m is None or not p else m / p - 1})
+                     "gap_s": None if m is None or p is None else p - m,
+                     "error": None if p is None or not m else (p - m) / m})
     both = [row for row in rows if row["gap_s"] is not None]
     largest = max(both, key=lambda row: abs(row["gap_s"]), default=None)
     errors = [abs(row["error"]) for row in both if row["error"] is not None]
+    calls = [c["dur"] * 1e-6 for c in collectives(measured)
+             if c["args"].get("algorithm") == algorithm and c["args"].get("bytes") == nbytes]
     return {"algorithm": algorithm, "bytes": nbytes, "rounds": rows,
             "largest_gap_round": None if largest is None else largest["round"],
             "median_abs_error": statistics.median(errors) if errors else None,
             "measured_total_s": sum(row["measured_s"] or 0 for row in rows),
-            "predicted_total_s": sum(row["predicted_s"] or 0 for row in rows)}
+            "predicted_total_s": sum(row["predicted_s"] or 0 for row in rows),
+            "measured_call_s": statistics.median(calls) if calls else None,
+            "predicted_call_s": max((c["dur"] * 1e-6 for c in collectives(simulated)), default=None)}
 
 
 def merge(traces: list[dict]) -> dict:
