@@ -9,7 +9,9 @@ memory rates all at once, as the collective will run: a copy (bytes copied per s
 all ranks) and a sum of N rows into one (bytes read per second, over all ranks). Then, per
 size, blocks of back-to-back calls alternate between Gloo's ``all_reduce`` and gradsync's
 ``all_reduce(algorithm=...)`` over shared memory ("auto", "one_shot", "sharded": the last two
-run by reads of the peers' buffers), the time of a call being the slowest rank's. The bound of
+run by reads of the peers' buffers); a block's time per call is the slowest rank's, and each
+figure is the median of three blocks, in an order that turns, so that no one always
+follows Gloo's (whose threads go on using a core for a while after its call). The bound of
 an algorithm is the bytes all ranks must move through memory divided by those rates:
 
 - one-shot: each rank copies S into its slot, then sums N rows of S into its tensor;
@@ -49,24 +51,24 @@ def size_of(text: str) -> int:
 
 
 def timed(fn, iters: int) -> float:
-    """The slowest rank's median time of ``fn`` over ``iters`` calls, each started together."""
-    times = []
+    """Seconds per call of ``fn``: ``iters`` calls back to back (as a training loop makes them,
+    and as nccl-tests times), started together, the slowest rank's total over ``iters``. One
+    call timed alone would also count how unevenly the ranks leave the barrier before it."""
+    dist.barrier()
+    t0 = time.perf_counter()
     for _ in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
         fn()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        times.append(dt.item())
-    return statistics.median(times)
+    dt = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
 
 
 def memory_rates(n: int) -> dict:
     """Bytes per second over all ranks at once: a copy of 64 MB, and a sum of n rows of 16 MB."""
     src, dst = torch.ones(16 << 20), torch.empty(16 << 20)
     rows, out = torch.ones(n, 4 << 20), torch.empty(4 << 20)
-    copy = timed(lambda: dst.copy_(src), 5)
-    add = timed(lambda: torch.sum(rows, dim=0, out=out), 5)
+    copy = statistics.median(timed(lambda: dst.copy_(src), 3) for _ in range(3))
+    add = statistics.median(timed(lambda: torch.sum(rows, dim=0, out=out), 3) for _ in range(3))
     return {"copy_Bps": n * src.numel() * 4 / copy, "sum_read_Bps": n * rows.numel() * 4 / add}
 
 
@@ -100,12 +102,13 @@ def body(rank, n, port, sizes, queue):
             t = x.clone()
             call(t)
             row["error"] = max(row["error"], float((t - want).abs().max() / want.abs().max()))
-        iters = 20 if nbytes <= 1 << 20 else 6 if nbytes <= 64 << 20 else 3
+        iters = 200 if nbytes <= 64 << 10 else 30 if nbytes <= 1 << 20 else 6 if nbytes <= 64 << 20 else 3
         times = {name: [] for name in calls}
         work = x.clone()
-        for _ in range(3):                   # alternating blocks: drift in the machine's load hits all alike
-            for name, call in calls.items():
-                times[name].append(timed(lambda: call(work), iters))
+        names = list(calls)
+        for block in range(3):               # alternating blocks: drift in the machine's load hits all alike,
+            for name in names[block:] + names[:block]:     # and each follows Gloo's (whose threads linger) once
+                times[name].append(timed(lambda: calls[name](work), iters))
         row["time_s"] = {name: statistics.median(v) for name, v in times.items()}
         out["sizes"][nbytes] = row
     if rank == 0:

@@ -74,3 +74,34 @@ def test_a_schedule_that_reads_what_its_source_writes_in_the_same_round_is_refus
 def test_auto_on_shared_buffers_takes_one_shot_for_small_messages_and_two_shot_for_large():
     assert [choose(n, 4) for n in (4096, 64 << 10, 1 << 20, 256 << 20)] == ["one_shot", "one_shot", "sharded",
                                                                            "sharded"]
+
+
+def test_a_futex_sleeper_wakes_when_the_word_changes_and_not_before():
+    import mmap
+    import threading
+    import time
+
+    from gradsync.runtime.transport.shm import futex
+
+    region = mmap.mmap(-1, 4096)
+    words = np.frombuffer(region, dtype=np.int32)
+    address = words.ctypes.data
+    start = time.monotonic()
+    futex.wait(address, 1, 0.05)               # the word holds 0, not 1: returns at once
+    assert time.monotonic() - start < 0.04
+    woke = []
+
+    def sleeper():
+        while words[0] == 0:
+            futex.wait(address, 0, 5.0)
+        woke.append(time.monotonic())
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    time.sleep(0.2)
+    assert not woke                            # still asleep: nothing changed
+    changed = time.monotonic()
+    words[0] = 1
+    futex.wake(address)
+    thread.join(5)
+    assert woke and woke[0] - changed < 1.0    # woken by the wake, long before its 5 s timeout

@@ -86,7 +86,7 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     recipe = STATE.recipe(key) if key is not None else None
     if recipe is not None and recipe.usable():      # this very call was checked before
         flight.watch_signal()
-        return _handed(recipe.start(tensor, async_op), async_op)
+        return Work(recipe.start(tensor)) if async_op else recipe.run(tensor)
     request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
                               check_finite=check_finite, trace=trace, stall_warning=stall_warning,
                               transport=transport, compression=compression, compression_key=compression_key)

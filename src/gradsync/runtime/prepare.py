@@ -20,6 +20,7 @@ from .collective import Collective, Done, Finish, node_buffers
 from .compile import compiled, frozen, pick
 from . import reads
 from .reads import ReadCollective
+from .progress import progress_for
 from .request import Request
 from .transport.base import shared_buffers
 from .transport.hosts import local_size
@@ -76,7 +77,7 @@ def build(request: Request, transport, deadline: float):
                                     trace=request.trace)
         if not request.check_finite and tensor.is_contiguous():
             collective.recipe = reads.Recipe(schedule, plan_of, buffers, transport, request.op, request.timeout,
-                                             signature)
+                                             signature, progress_for(transport))
         return collective
     c = compiled(algorithm, workers, tensor.numel(), request.dtype, frozen_options, transport.rank)
     agreement = None

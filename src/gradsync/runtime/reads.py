@@ -213,6 +213,15 @@ class ReadCollective:
         return start(self, self.transport, inline)
 
     def complete(self, future: torch.futures.Future) -> None:
+        try:
+            result = self.run()
+        except BaseException as exc:       # the future carries it to whoever waits
+            future.set_exception(exc)
+            return
+        future.set_result(result)
+
+    def run(self) -> torch.Tensor:
+        """Run it to the end in this thread; return the result, or raise the collective's error."""
         from .flight import RECORDER
 
         try:
@@ -231,11 +240,10 @@ class ReadCollective:
             if self.flight is not None:
                 RECORDER.end(self.flight, exc)
             self.transport.close()
-            future.set_exception(exc)
-            return
+            raise
         RECORDER.end(self.flight)
         self.transport.close()
-        future.set_result(result)
+        return result
 
     def describe(self) -> dict:
         """What this collective is, for traces and the flight recorder."""
@@ -253,7 +261,7 @@ class Recipe:
     all-reducing the same bucket pays the checks once, not at every step (they cost about
     100 us here, against 16 us for a 4 KB all-reduce by reads between two ranks).
 
-    Example: ``recipe.start(grad, async_op=False).wait()`` all-reduces ``grad`` as the first call did.
+    Example: ``recipe.run(grad)`` all-reduces ``grad`` as the first call did.
     """
 
     schedule: Schedule
@@ -263,16 +271,29 @@ class Recipe:
     op: str
     timeout: float
     signature: bytes | None
+    engine: object           # the group's progress engine (``progress.progress_for``)
 
     def usable(self) -> bool:
         """Whether the group it was made for is still open and has not failed."""
         group = self.buffers.group
         return not group.closed and group.failure is None
 
-    def start(self, tensor: torch.Tensor, async_op: bool) -> torch.futures.Future:
+    def start(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Start the call on ``tensor`` on the group's progress engine; its future."""
+        return self._collective(tensor).start(inline=False)
+
+    def run(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Make the call on ``tensor`` and wait for it: in this thread when the group's engine
+        has nothing queued (as ``progress.start`` does, without a future to hand over)."""
+        collective, engine = self._collective(tensor), self.engine
+        if engine.on_thread() or not engine.busy():
+            with engine.running:
+                return collective.run()
+        return collective.start(inline=True).wait()
+
+    def _collective(self, tensor: torch.Tensor) -> ReadCollective:
         from .collective import Finish
 
-        finish = Finish(tensor, self.op, self.schedule.workers)
-        collective = ReadCollective(self.schedule, self.plan_of, self.buffers, self.transport,
-                                    time.monotonic() + self.timeout, tensor.view(-1), finish, self.signature)
-        return collective.start(inline=not async_op)
+        return ReadCollective(self.schedule, self.plan_of, self.buffers, self.transport,
+                              time.monotonic() + self.timeout, tensor.view(-1),
+                              Finish(tensor, self.op, self.schedule.workers), self.signature)
