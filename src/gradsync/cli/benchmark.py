@@ -367,7 +367,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
         options, codec = _bench_options(chosen, components, codec, backend, dtype)
         byte_sizes = _sizes(sizes, min_size, max_size, dtype)
         topo = _predictor(topology, chosen, options, dtype, workers)     # a bad topology first: it costs nothing
-        estimated = None if hostfile or launched() is not None else \
+        estimated = None if hostfile or backend == "mpi" or launched() is not None else \
             _check_fits(byte_sizes, workers, chosen, dtype, iters, int(engine.shared_rows), sizes is not None)
         if estimated is not None and sys.stderr.isatty() and fmt == "table":
             click.echo(f"gradsync bench: about {format_time(estimated['seconds'])} and "
