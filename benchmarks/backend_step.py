@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import step_times
 
 VARIANTS = ("ddp_gloo", "ddp_gradsync", "fsdp_gloo", "fsdp_gradsync")
 
@@ -76,16 +77,8 @@ def worker(rank, workers, steps, blocks, width, layers, algorithms):
         net(x).square().mean().backward()
         opt.step()
 
-    times = {name: [] for name in VARIANTS}
-    for block in range(blocks + 1):
-        for name in VARIANTS:
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(name)
-            if block:
-                times[name].append((time.perf_counter() - start) / steps)
-    return {"seconds": {k: statistics.median(v) for k, v in times.items()}, "same": _same(models)}
+    seconds = step_times(step, VARIANTS, steps, blocks, dist.barrier)
+    return {"seconds": seconds, "same": _same(models)}
 
 
 SETUPS = {"gloo": None, "ring over gloo": dict(transport="gloo"), "ring over shm": dict(transport="shm"),

@@ -16,9 +16,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 
 import torch
+from common import step_times
 
 VARIANTS = ("ddp", "ring", "auto", "shm_auto", "none")
 
@@ -62,18 +62,10 @@ def worker(rank, workers, steps, blocks):
         ddp(x).square().mean().backward()
         opt.step()
 
-    times = {name: [] for name in VARIANTS}
-    for block in range(blocks + 1):
-        for name in VARIANTS:
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step(name)
-            if block:
-                times[name].append((time.perf_counter() - start) / steps)
+    seconds = step_times(step, VARIANTS, steps, blocks, dist.barrier)
     spread = max(float((p - q).abs().max()) for other in ("ring", "shm_auto")
                  for p, q in zip(models["ddp"][0].parameters(), models[other][0].parameters()))
-    return {"step_s": {n: statistics.median(t) for n, t in times.items()}, "ring_vs_ddp_max_param_diff": spread}
+    return {"step_s": seconds, "ring_vs_ddp_max_param_diff": spread}
 
 
 def main():
