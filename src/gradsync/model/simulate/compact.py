@@ -20,6 +20,7 @@ from ...core.schedule import COPY
 from .engine import _System
 from .flows import _NodeCosts, _steps
 from .network import _pair_routes
+from .symmetry import orbit_system
 
 ROUTE_LIMIT = 1 << 22        # routes computed to prove a subgroup's symmetry on the topology
 
@@ -89,16 +90,8 @@ def compact_system(c: CompactSchedule, net, itemsize: int, strides) -> _System |
     empty = np.empty(0, np.int64)
     steps = _steps((q(block["src"]), q(block["dst"]), block["round"]), (empty, empty, empty),
                    np.where(block["op"] != COPY, block["count"], 0), max(c.rounds, 1), costs)
-    crossed = np.unique(label[paths[which]])
-    crossed = crossed[:-1] if crossed[-1] == padding else crossed
-    channel_of = np.full(padding + 1, len(crossed))
-    inside = np.isin(label, crossed)
-    channel_of[inside] = np.searchsorted(crossed, label[inside])
-    return _System(channel_of[paths[which]], np.append(net.capacity[crossed], np.inf),
-                   np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[block["dst"]]], latency[which],
-                   block["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
-                   *steps, reps + helpers, per_system_node(net.startup), block["round"],
-                   q(np.arange(nodes)), channel_of, None)
+    return orbit_system(label, paths[which], padding, net, weight, latency[which], block, itemsize, steps,
+                        reps + helpers, per_system_node(net.startup), q(np.arange(nodes)), None)
 
 
 def _channel_orbits(c: CompactSchedule, pairs, strides, net):

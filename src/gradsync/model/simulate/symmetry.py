@@ -155,17 +155,25 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
                        net.cores, np.array([float(n)] + [1.0] * len(schedule.helpers)))
     steps = _steps((q(rep["src"]), q(rep["dst"]), rep["round"]),
                    (q(c["node"][kept]), c["round"][kept], c["madds"][kept]), np.where(rep["op"] != COPY, rep["count"], 0), max(schedule.rounds, 1), costs)
-    # the system's channels: one per orbit crossed (few), then the padding
-    crossed = np.unique(label[paths[which]])
+    return orbit_system(label, paths[which], padding, net, weight, latency[which], rep, itemsize, steps,
+                        1 + len(schedule.helpers), helpers_after_worker0(net.startup), q(np.arange(nodes)), orbit)
+
+
+def orbit_system(label, paths, padding, net, weight, latency, table, itemsize: int, steps, nodes: int, startup,
+                 node_ids, orbit) -> _System:
+    """The quotient system of ``table``'s transfers (their channel ``paths``, padded with
+    ``padding``, and ``latency``): one channel per orbit of channels they cross (``label``
+    names a channel's orbit; few), then the padding's. ``steps``: ``_steps``' five arrays for
+    the system's ``nodes`` nodes; ``node_ids``: every node's system node."""
+    crossed = np.unique(label[paths])
     crossed = crossed[:-1] if crossed[-1] == padding else crossed
     channel_of = np.full(padding + 1, len(crossed))
     inside = np.isin(label, crossed)
     channel_of[inside] = np.searchsorted(crossed, label[inside])
-    return _System(channel_of[paths[which]], np.append(net.capacity[crossed], np.inf),
-                   np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[rep["dst"]]], latency[which],
-                   rep["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
-                   *steps, 1 + len(schedule.helpers), helpers_after_worker0(net.startup), rep["round"],
-                   q(np.arange(nodes)), channel_of, orbit)
+    return _System(channel_of[paths], np.append(net.capacity[crossed], np.inf),
+                   np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[table["dst"]]], latency,
+                   table["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
+                   *steps, nodes, startup, table["round"], node_ids, channel_of, orbit)
 
 
 def _channel_orbits(pairs, n, nodes, net):
