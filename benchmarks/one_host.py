@@ -1,7 +1,7 @@
 """One host at the speed of its memory: gradsync's shared-buffer all-reduce against Gloo's and
 against the machine's memory bound, as nccl-tests prints busbw against the line rate.
 
-Usage: python benchmarks/one_host.py [--workers 2,4] [--launches 3] [--sizes 4KB,1MB,16MB,64MB,256MB]
+Usage: python benchmarks/one_host.py [--workers 2,4] [--launches 3] [--sizes 4KiB,1MiB,16MiB,64MiB,256MiB]
                                      [--no-mpi] [--out docs/results/one_host.json]
 
 Each launch starts N local processes (one thread each). First they measure this machine's
@@ -39,17 +39,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gradsync.units import parse_size
+
 ALGORITHMS = ("auto", "one_shot", "sharded")
-UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
-
-
-def size_of(text: str) -> int:
-    for unit, scale in UNITS.items():
-        if text.upper().endswith(unit):
-            return int(float(text[:-len(unit)]) * scale)
-    return int(text)
-
-
 def timed(fn, iters: int) -> float:
     """Seconds per call of ``fn``: ``iters`` calls back to back (as a training loop makes them,
     and as nccl-tests times), started together, the slowest rank's total over ``iters``. One
@@ -139,12 +131,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--launches", type=int, default=3)
-    ap.add_argument("--sizes", default="4KB,1MB,16MB,64MB,256MB")
+    ap.add_argument("--sizes", default="4KiB,1MiB,16MiB,64MiB,256MiB")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     mpi = not args.no_mpi and shutil.which("mpirun") is not None
-    sizes = [size_of(s) for s in args.sizes.split(",")]
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
     results = {}
     for n in map(int, args.workers.split(",")):
         runs = [launch(n, sizes) for _ in range(args.launches)]
