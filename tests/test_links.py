@@ -30,9 +30,13 @@ def test_namespaces_are_created_and_removed_even_after_an_error():
     before = namespaces()
     with pytest.raises(RuntimeError):
         with links.SlowLinks(3, "1Gbit") as net:
-            assert {n for n in namespaces() - before} >= set(net.namespaces)
+            created = {net.switch, *net.namespaces}
+            assert len(created) == 4 and created <= namespaces()
             raise RuntimeError("boom")
-    assert namespaces() == before
+    # ours are gone and nothing new is left; entering may also have removed the leftovers of
+    # a dead process (by design), so the list can be shorter than before, never longer
+    assert not created & namespaces()
+    assert namespaces() <= before
 
 
 @root_only
