@@ -12,11 +12,8 @@ size, blocks of back-to-back calls alternate between Gloo's ``all_reduce`` and g
 run by reads of the peers' buffers); a block's time per call is the slowest rank's, and each
 figure is the median of three blocks, in an order that turns, so that no one always
 follows Gloo's (whose threads go on using a core for a while after its call). The bound of
-an algorithm is the bytes all ranks must move through memory divided by those rates:
-
-- one-shot: each rank copies S into its slot, then sums N rows of S into its tensor;
-- two-shot (sharded by reads): each rank copies S in, sums N rows of S/N, writes its S/N
-  back to its slot and copies the other (N - 1) S/N out: 2 S copied, N rows of S/N summed.
+an algorithm is the bytes all ranks must move through memory divided by those rates
+(``gradsync.tools.memory_bound``, which ``gradsync bench`` uses for its shared-buffer rows).
 
 With mpirun on the path, as many launches of ``gradsync bench --backend mpi`` give Open MPI's
 Allreduce on the same host (its ``native`` row; Open MPI moves intra-host messages through
@@ -39,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gradsync.tools.memory_bound import bound_s as bound, measure_rates
 from gradsync.units import parse_size
 
 ALGORITHMS = ("auto", "one_shot", "sharded")
@@ -56,21 +54,12 @@ def timed(fn, iters: int) -> float:
 
 
 def memory_rates(n: int) -> dict:
-    """Bytes per second over all ranks at once: a copy of 64 MB, and a sum of n rows of 16 MB."""
-    src, dst = torch.ones(16 << 20), torch.empty(16 << 20)
-    rows, out = torch.ones(n, 4 << 20), torch.empty(4 << 20)
-    copy = statistics.median(timed(lambda: dst.copy_(src), 3) for _ in range(3))
-    add = statistics.median(timed(lambda: torch.sum(rows, dim=0, out=out), 3) for _ in range(3))
-    return {"copy_Bps": n * src.numel() * 4 / copy, "sum_read_Bps": n * rows.numel() * 4 / add}
-
-
-def bound(algorithm: str, nbytes: int, n: int, rates: dict) -> float:
-    """Seconds all ranks need at least to move what ``algorithm`` moves through memory."""
-    if algorithm == "one_shot":
-        copied, summed = n * nbytes, n * n * nbytes
-    else:
-        copied, summed = n * 2 * nbytes, n * nbytes
-    return copied / rates["copy_Bps"] + summed / rates["sum_read_Bps"]
+    """Bytes per second over all ranks at once (gradsync.tools.memory_bound, as bench measures them)."""
+    def slowest(seconds):
+        dt = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        return dt.item()
+    return measure_rates(n, dist.barrier, slowest)
 
 
 def body(rank, n, port, sizes, queue):

@@ -1,7 +1,10 @@
 """Collectives on one host's shared buffers: schedules run by direct reads (runtime.reads,
 runtime.one_host), against numpy's float64 sums, and their failures."""
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -105,3 +108,24 @@ def test_a_futex_sleeper_wakes_when_the_word_changes_and_not_before():
     futex.wake(address)
     thread.join(5)
     assert woke and woke[0] - changed < 1.0    # woken by the wake, long before its 5 s timeout
+
+
+def test_bench_sets_each_shared_buffer_row_beside_its_memory_bound():
+    out = subprocess.run([sys.executable, "-m", "gradsync", "bench", "-n", "2", "--sizes", "64KB,4MB", "--iters", "5",
+                          "--algorithms", "auto,one_shot,ring", "--transport", "shm", "--format", "json"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)
+    bounded = {(r["algorithm"], r["bytes"]): r for r in rows if "bound_s" in r}
+    assert set(bounded) == {(a, b) for a in ("auto", "one_shot") for b in (64000, 4000000)}   # not ring, not native
+    for (algorithm, nbytes), r in bounded.items():
+        assert r["over_bound"] == pytest.approx(r["time_s"] / r["bound_s"], rel=1e-9)
+        assert r["over_bound"] > 0.3, r          # nothing moves its bytes much faster than memory does
+        # by hand, 2 ranks: one-shot copies S in and sums 2 rows of S; two-shot copies S in and
+        # S/2 out, writes its S/2 back, and sums 2 rows of S/2 (per rank)
+        copy, add = r["memory_rates_Bps"]["copy_Bps"], r["memory_rates_Bps"]["sum_read_Bps"]
+        one_shot = 2 * nbytes / copy + 4 * nbytes / add
+        two_shot = 4 * nbytes / copy + 2 * nbytes / add
+        ran = {"one_shot": "one_shot", "auto": choose(nbytes, 2)}[algorithm]
+        assert r["bound_s"] == pytest.approx(one_shot if ran == "one_shot" else two_shot, rel=1e-9)
+    assert choose(64000, 2) == "one_shot" and choose(4000000, 2) == "sharded"    # both bounds were checked

@@ -242,16 +242,24 @@ def _render_bench(rows, where, dtype, predicted, trace_path, plot, estimated=Non
     headers = ["size", "count", "algorithm", "transport", "time", "algbw", "busbw", "max error"]
     if predicted:
         headers += ["predicted", "pred. error"]
+    bounded = any("bound_s" in r for r in rows)
+    if bounded:
+        headers += ["memory bound"]
     table = []
     for r in rows:
         line = [format_size(r["bytes"]), r["count"], r["algorithm"], r["transport"], format_time(r["time_s"]),
                 f"{r['algbw_GBps']:.3f} GB/s", f"{r['busbw_GBps']:.3f} GB/s", f"{r['max_error']:.2g}"]
         if predicted:
             line += [format_time(r["predicted_s"]), f"{r['prediction_error']:+.0%}"]
+        if bounded:
+            line += [f"{format_time(r['bound_s'])} ({r['over_bound']:.2f}x)" if "bound_s" in r else ""]
         table.append(line)
     _print_table(headers, table)
     for line in conclusions(rows):
         click.echo(line)
+    if bounded:
+        click.echo("memory bound: the least time the shared-buffer all-reduce can take here (the bytes it copies and "
+                   "sums over the rates the workers measured at the start); in brackets, the row's time over it.")
     click.echo("max error: the largest difference from the exact sum (float64, every rank's input), over the "
                "sum's largest magnitude; exact algorithms show only rounding (about 1e-7 in float32), "
                "approximate ones (cerar) their approximation, refused above its max_error (1e-2).")

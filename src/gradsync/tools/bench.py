@@ -18,11 +18,13 @@ import torch.distributed as dist
 from .. import dtypes
 from ..errors import ConfigError
 from ..units import format_size
+from . import memory_bound
 from .launch import doing
 from .progress_bar import bar as progress_bar
 from .report import bus_bandwidth
 from ..runtime import flight
 from ..runtime.api import all_reduce
+from ..runtime.reads import choose
 
 NATIVE = "native"
 BLOCK = 5          # timed calls in a row per algorithm
@@ -85,6 +87,9 @@ def estimate(sizes, workers: int, names, dtype_name: str = "float32", rows_besid
         inputs = workers * nbytes * float64 * INPUT_PASSES / MEMORY_BPS * crowding   # the exact reference
         seconds += inputs + (len(names) + rows_beside + 1) * (iters or default_iters(nbytes)) * (1 + 1 / BLOCK) * call
     top = max(sizes)
+    if rows_beside:                      # the shared-buffer row's bound: its workers measure memory rates first
+        measuring = BASELINE_BYTES + memory_bound.rates_bytes(workers)
+        per_worker = (lambda f: lambda nbytes: max(f(nbytes), measuring))(per_worker)
     return {"per_worker_bytes": int(per_worker(top)), "total_bytes": int(workers * per_worker(top)),
             "seconds": seconds, "largest": top, "per_byte": (per_worker(top) - BASELINE_BYTES) / top}
 
@@ -278,9 +283,20 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
     names_here = [NATIVE] + list(names) + [f"{a}@{t}" for a, t in extra]
     bar = progress_bar(len(sizes) * len(names_here), "bench") if progress and rank == 0 else None
     rows, transport = [], engine.transport_used()
+    rates = None
+    if any(_bound_algorithm(name, transport, 1, workers) for name in names_here):
+        doing("measuring this machine's memory rates, for the shared-buffer rows' bound")
+        rates = memory_bound.measure_rates(workers, engine.barrier,
+                                           lambda s: engine.max(torch.tensor([s], dtype=torch.float64)).item())
     for nbytes in sizes:
         rows += _one_size(rank, workers, nbytes, names_here, iters, dtype_name, timeout, options, engine,
                           tracer, transport, bar)
+        for row, name in zip(rows[-len(names_here):], names_here):
+            chosen = rates and _bound_algorithm(name, transport, row["bytes"], workers)
+            if chosen and row["time_s"] > 0:
+                row["bound_s"] = memory_bound.bound_s(chosen, row["bytes"], workers, rates)
+                row["over_bound"] = row["time_s"] / row["bound_s"]
+                row["memory_rates_Bps"] = rates
     if bar:
         bar(None)
     doing("writing the flight record at the end of the run")
@@ -333,6 +349,15 @@ def _one_size(rank, workers, nbytes, names_here, iters, dtype_name, timeout, opt
         if bar:
             bar(f"{name} {size}")
     return rows
+
+
+def _bound_algorithm(name: str, transport: str, nbytes: int, workers: int) -> str | None:
+    """The shared-buffer all-reduce row ``name`` runs at ``nbytes`` (the one a memory bound is
+    known for), or None: ``_bound_algorithm("auto@shm", "gloo", 4096, 4) == "one_shot"``."""
+    algorithm, _, beside = name.partition("@")
+    if (beside or transport) != "shm" or algorithm not in ("auto", *memory_bound.ALGORITHMS):
+        return None
+    return choose(nbytes, workers) if algorithm == "auto" else algorithm
 
 
 def _row_label(name: str) -> str:
