@@ -7,6 +7,7 @@ does (Gloo's own message says only that a connection closed)."""
 from __future__ import annotations
 
 import time
+import weakref
 from functools import lru_cache, partial
 
 import numpy as np
@@ -60,7 +61,15 @@ def engine_call(group, kind: str, engine_name: str, tensor, work, outputs=None):
     future.add_done_callback(ended)
     if tensor.device.type != "cpu":      # NCCL's wait orders streams: keep its own Work
         return work
-    return Work(future, outputs, translate=partial(named_failure, group, f"{engine_name}'s {kind}"))
+    # The engine's future keeps this Work until its callbacks have run on the engine's own thread;
+    # a strong reference to the group there could make that thread free the group, and with it
+    # the engine, whose destructor then joins the very thread it runs on (std::terminate).
+    return Work(future, outputs, translate=partial(_failure_if_alive, weakref.ref(group), f"{engine_name}'s {kind}"))
+
+
+def _failure_if_alive(group_ref, what: str, exc: BaseException) -> BaseException:
+    group = group_ref()
+    return in_torch_terms(exc) if group is None else named_failure(group, what, exc)
 
 
 def named_failure(group, what: str, exc: BaseException) -> BaseException:
