@@ -274,13 +274,16 @@ class _Bucket:
         return self._tensor
 
 
-def hook_while_peer_is_slow(rank, workers, delay):
+def hook_while_peer_is_slow(rank, workers, delay, transport="gloo", warm=False):
     """Rank 0 starts a bucket's all-reduce while rank 1 is ``delay`` s late: how long the hook
-    took to return, whether its future was done then, and the averaged result after waiting."""
+    took to return, whether its future was done then, and the averaged result after waiting.
+    ``warm``: one bucket goes through the hook first, on every rank together."""
     from gradsync.torch import comm_hook
 
-    hook = comm_hook("ring")
+    hook = comm_hook("ring", transport=transport)
     tensor = torch.full((100_000,), float(rank + 1))
+    if warm:
+        hook(None, _Bucket(tensor.clone())).wait()
     dist.barrier()
     if rank == 1:
         time.sleep(delay)

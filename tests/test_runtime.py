@@ -61,7 +61,9 @@ def test_a_stalled_peer_times_out_naming_it():
     results = run(bodies.stalled_peer, 3, 2.0, timeout=60)
     for r in results[1:]:
         assert r["error"] and r["seconds"] <= 2.0 + 2, r
-        assert "did not answer" in r["error"] or "closed" in r["error"]
+        # over Gloo: "did not answer" or "closed"; under the default transport="auto" a first
+        # collective meets the stall while the ranks learn their hosts
+        assert any(words in r["error"] for words in ("did not answer", "closed", "did not say which host")), r
     assert all(r["peer"] == 0 for r in results[1:]), results
 
 
@@ -136,7 +138,16 @@ def test_local_workers_start_with_one_openmp_thread_and_the_parent_keeps_its_env
 
 
 def test_the_hook_returns_its_future_before_a_slow_peer_arrives():
-    results = run(bodies.hook_while_peer_is_slow, 2, 1.0)     # even the first call of its kind
+    results = run(bodies.hook_while_peer_is_slow, 2, 1.0)     # over Gloo, even the first call of its kind
+    first = results[0]
+    assert first["returned_s"] < 0.5 and not first["done_at_return"], first
+    assert all(r["error"] == 0.0 for r in results), results
+
+
+def test_over_shared_memory_the_hook_returns_before_a_slow_peer_once_the_group_is_set_up():
+    # "auto" (the default) sets its shared memory up at a group's first call, with every rank:
+    # that call waits for the slowest; every later one returns at once
+    results = run(bodies.hook_while_peer_is_slow, 2, 1.0, "auto", True)
     first = results[0]
     assert first["returned_s"] < 0.5 and not first["done_at_return"], first
     assert all(r["error"] == 0.0 for r in results), results

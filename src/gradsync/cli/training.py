@@ -28,8 +28,8 @@ def _check_train_args(workers, batch_size, plot, trace_path, elastic):
 def _check_train_combinations(transport, elastic, link_bandwidth, codec):
     """Refuse the options that do not combine yet: shared memory with elastic runs or emulated
     links, compression with elastic runs."""
-    if transport != "gloo" and (elastic or link_bandwidth):
-        raise click.BadParameter(f"--transport {transport} works with neither --elastic nor emulated links yet",
+    if transport == "shm" and (elastic or link_bandwidth):
+        raise click.BadParameter("--transport shm works with neither --elastic nor emulated links yet",
                                  param_hint="'--transport'")
     if codec is not None and elastic:
         raise click.UsageError("--compression does not combine with --elastic yet")
@@ -64,8 +64,9 @@ def _check_train_combinations(transport, elastic, link_bandwidth, codec):
               help="With --elastic: train on as few as this many workers (default: all).")
 @click.option("--kill-every", type=click.FloatRange(0, min_open=True), default=None,
               help="With --elastic: fault drill, SIGKILL one worker every this many seconds and replace it.")
-@click.option("--transport", type=click.Choice(["gloo", "shm", "auto"]), default="gloo", show_default=True,
-              help="What the gradients travel over: Gloo, shared memory (local workers), or auto.")
+@click.option("--transport", type=click.Choice(["gloo", "shm", "auto"]), default="auto", show_default=True,
+              help="What the gradients travel over: Gloo, shared memory (local workers), or auto "
+                   "(shared memory where the workers share a host; Gloo with --elastic or emulated links).")
 @format_option
 def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
           link_bandwidth, link_latency, codec, plot, trace_path, elastic, min_workers, kill_every, transport, fmt):
@@ -74,6 +75,8 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     from ..training.train import TrainConfig
 
     _check_train_args(workers, batch_size, plot, trace_path, elastic)
+    if transport == "auto" and (elastic or link_bandwidth):
+        transport = "gloo"      # emulated links are Gloo's sockets; an elastic restart re-forms Gloo's group
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
                       transport=transport, compression=codec)
     cfg.check(workers)

@@ -36,7 +36,7 @@ def _check(algorithm: str, timeout, transport: str, options: dict) -> None:
 
 
 def comm_hook(algorithm: str = "ring", timeout: float | None = None, trace=None, compression=None,
-              transport: str = "gloo", **options):
+              transport: str = "auto", **options):
     """A hook for ``DistributedDataParallel.register_comm_hook`` averaging each gradient bucket
     with ``algorithm`` (exact ones, "auto", or "cerar" with its options).
 

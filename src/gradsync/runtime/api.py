@@ -45,7 +45,7 @@ class Work:
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
                timeout: float | None = None, check: bool = True, stall_warning: float | None = None,
-               check_finite: bool = False, async_op: bool = False, trace=None, transport: str = "gloo",
+               check_finite: bool = False, async_op: bool = False, trace=None, transport: str = "auto",
                compression=None, compression_key=None,
                **options):
     """All-reduce ``tensor`` in place across ``group`` with a gradsync algorithm; return it.
@@ -54,9 +54,10 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     and dtype, in the same order. ``algorithm`` is a registry name or "auto"; ``options`` go
     to the algorithm (``components=16`` for CERAR). ``async_op=True`` returns a ``Work`` at
     once (``wait()``, ``get_future()``) while the collective runs on gradsync's progress
-    thread; leave the tensor alone until it completes. ``transport``: "gloo" (the group's
-    torch.distributed backend), "shm" (shared memory; every rank on this host) or "auto"
-    (shared memory within hosts where the ranks share one, CPU tensors). There, one_shot and
+    thread; leave the tensor alone until it completes. ``transport``: "auto" (the default:
+    shared memory within hosts where the ranks share one, CPU tensors; else the group's
+    backend), "gloo" (the group's torch.distributed backend) or "shm" (shared memory; every
+    rank on this host). There, one_shot and
     sharded (one-shot and two-shot) read the peers' buffers directly; "auto" picks by size.
 
     The ranks agree on shape, dtype, algorithm and options (``check``) before anything

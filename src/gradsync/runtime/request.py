@@ -44,7 +44,7 @@ class Request:
     check_finite: bool = False
     trace: object = None
     stall_warning: float | None = None
-    transport: str = "gloo"
+    transport: str = "auto"
     codec: object = None             # a gradsync.compression Codec, or None
     compression_key: object = None
 

@@ -42,7 +42,7 @@ class TrainConfig:
     resync_every: int = 0             # broadcast rank 0's parameters every K steps (0: never)
     seed: int = 0
     timeout: float = 60.0
-    transport: str = "gloo"           # gloo, shm (shared memory) or auto, as gradsync.all_reduce takes
+    transport: str = "auto"           # gloo, shm (shared memory) or auto, as gradsync.all_reduce takes
     compression: str | None = None    # a gradsync.compression codec, e.g. "powersgd:rank=4"
 
     def check(self, workers: int) -> "TrainConfig":
