@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -25,8 +26,9 @@ import torch.distributed as dist
 
 SIZES = (4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20)     # bytes
 MARGIN = 0.95          # a schedule must take at most this fraction of the engine's time
-DEFAULT_BUDGET = 0.6   # seconds of measuring per collective and group: under 2 s for the three
+DEFAULT_BUDGET = 2.0   # seconds of measuring per collective and group, once per host (cached): 16 MB fits
 ENV_CACHE, ENV_BUDGET = "GRADSYNC_AUTO_CACHE", "GRADSYNC_AUTO_BUDGET"
+METHOD = "median-interleaved-after-barrier"     # how verdicts are measured: a cached one measured otherwise is not reused
 ENGINE_ONLY = ("broadcast", "barrier")       # one-off or tiny: measuring would cost more than it saves
 
 
@@ -40,7 +42,7 @@ def cache_path() -> Path:
 
 
 def budget() -> float:
-    """Seconds a group may spend measuring one collective (GRADSYNC_AUTO_BUDGET, default 0.6).
+    """Seconds a group may spend measuring one collective (GRADSYNC_AUTO_BUDGET, default 2).
 
     >>> budget() >= 0
     True
@@ -101,8 +103,14 @@ def table(group) -> list[dict]:
 
 
 def _key(group, kind: str) -> str:
-    local = os.environ.get("LOCAL_WORLD_SIZE", "?")
-    return f"{kind}|size={group.size()}|local={local}|over={group.schedule_transport()}|torch={torch.__version__}"
+    """The cache key of ``kind`` on ``group``: the group's shape as its ranks found it (hosts
+    and ranks per host, never LOCAL_WORLD_SIZE, which is wrong for subgroups), its transport,
+    torch's version and how the verdicts were measured (``METHOD``)."""
+    from ..runtime.transport.hosts import host_map
+
+    found = host_map(group, group.timeout)
+    return (f"{kind}|size={group.size()}|hosts={found.hosts}|local={found.local_size()}"
+            f"|over={group.schedule_transport()}|torch={torch.__version__}|{METHOD}")
 
 
 def _verdicts(group, kind: str, trial) -> list[str]:
@@ -128,26 +136,36 @@ def _verdicts(group, kind: str, trial) -> list[str]:
 
 
 def _measure(group, kind: str, names: list[str], trial) -> list[str]:
-    """Time each of ``names`` at each size (the slowest rank's best of a few runs); stop before
-    a size that would pass the budget. All ranks see the same times, so they stop alike."""
+    """Time each of ``names`` at each size (the slowest rank's median); stop before a size that
+    would pass the budget. All ranks see the same times, so they stop alike."""
     verdicts, spent, limit = [], 0.0, budget()
     for size in SIZES:
         started = time.monotonic()
-        reps = 3 if size <= (256 << 10) else 2
-        times = torch.tensor([_timed(trial, name, kind, size, reps) for name in names] + [0.0], dtype=torch.float64)
+        reps = 9 if size <= (256 << 10) else 3
+        times = torch.tensor(_timed(trial, names, kind, size, reps) + [0.0], dtype=torch.float64)
         times[-1] = time.monotonic() - started
         _engine_reduce(group, times, dist.ReduceOp.MAX)
         best = min(range(1, len(names)), key=lambda i: times[i])
         verdicts.append(names[best] if times[best] <= MARGIN * times[0] else "engine")
         spent += float(times[-1])
-        if spent + 8 * float(times[-1]) > limit:       # the next size is 8x larger
+        # the next size is 8x larger: below 256 KB the fixed costs dominate and a size costs
+        # about as much as the last; from there on, about 8x as much
+        if spent + (8 if size >= (256 << 10) else 2) * float(times[-1]) > limit:
             break
     return verdicts
 
 
-def _timed(trial, name: str, kind: str, size: int, reps: int) -> float:
-    trial(name, kind, size)             # warm: plans compiled, digests agreed, connections made
-    return min(trial(name, kind, size) for _ in range(reps))
+def _timed(trial, names: list[str], kind: str, size: int, reps: int) -> list[float]:
+    """Each name's median seconds over ``reps`` calls, the names taking turns call by call (a
+    drift of the machine's load falls on all alike). The median, not the best: a candidate that
+    is fast only now and then (Python and the scheduler on shared cores) must not win."""
+    for name in names:
+        trial(name, kind, size)         # warm: plans compiled, digests agreed, connections made
+    times = [[] for _ in names]
+    for _ in range(reps):
+        for i, name in enumerate(names):
+            times[i].append(trial(name, kind, size))
+    return [statistics.median(t) for t in times]
 
 
 def _engine_reduce(group, tensor: torch.Tensor, op) -> None:

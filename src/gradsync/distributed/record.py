@@ -16,7 +16,7 @@ import torch
 from ..core.schedule import TRANSFER_DTYPE, Schedule
 from ..runtime.flight import RECORDER
 from ..runtime.transport.base import group_key
-from .work import RankFailure, Work, in_torch_terms
+from .work import EngineWork, RankFailure, error_of, in_torch_terms
 
 
 class _Seen:
@@ -46,25 +46,20 @@ def engine_call(group, kind: str, engine_name: str, tensor, work, outputs=None):
     entry = RECORDER.begin(_Seen(group, _named(f"engine:{engine_name}/{kind}", group.size(), tensor.numel()),
                                  tensor))
 
-    def ended(future):
-        try:
-            future.value()
-        except BaseException as exc:     # recorded; the caller's wait raises it
-            RECORDER.end(entry, exc)
-            return
-        RECORDER.end(entry)
+    def ended(exc=None):
+        RECORDER.end(entry, exc) if exc is not None else RECORDER.end(entry)
 
-    try:
-        future = work.get_future()
-    except RuntimeError:                 # an engine Work without a future: recorded as started only
-        return work
-    future.add_done_callback(ended)
     if tensor.device.type != "cpu":      # NCCL's wait orders streams: keep its own Work
+        try:
+            work.get_future().add_done_callback(lambda f: ended(error_of(f)))
+        except RuntimeError:             # an engine Work without a future: recorded as started only
+            pass
         return work
-    # The engine's future keeps this Work until its callbacks have run on the engine's own thread;
-    # a strong reference to the group there could make that thread free the group, and with it
-    # the engine, whose destructor then joins the very thread it runs on (std::terminate).
-    return Work(future, outputs, translate=partial(_failure_if_alive, weakref.ref(group), f"{engine_name}'s {kind}"))
+    # A callback on the engine's future may hold this Work until it has run on the engine's own
+    # thread; a strong reference to the group there could make that thread free the group, and
+    # with it the engine, whose destructor then joins the very thread it runs on (std::terminate).
+    return EngineWork(work, outputs, partial(_failure_if_alive, weakref.ref(group), f"{engine_name}'s {kind}"),
+                      ended=ended)
 
 
 def _failure_if_alive(group_ref, what: str, exc: BaseException) -> BaseException:

@@ -117,6 +117,10 @@ def trial(group, choice: str, kind: str, nbytes: int) -> float:
         call.opts = dist.AllreduceOptions()
     elif kind == "reduce_scatter":
         call.opts = dist.ReduceScatterOptions()
+    # the ranks start from the engine's barrier, as they arrive at a collective after their own
+    # work: unevenly (a shared-buffer wait that spins past its first 50 us sleeps, and waking
+    # costs; calls back to back in lockstep would never show it)
+    group.engines["cpu"].barrier(dist.BarrierOptions()).wait()
     started = time.monotonic()
     RUNNERS.get(choice, run_schedule)(group, call, choice).wait()
     return time.monotonic() - started
