@@ -1,5 +1,6 @@
 """Compact forms by algorithm name: the modules that define ``compact(workers, elements,
-**options)`` (ring, sharded, host, hierarchical) give one where their rule holds.
+**options)`` (ring, sharded, host, hierarchical, halving_doubling on 2^k workers) give one
+where their rule holds.
 
 >>> build("ring", 4, 100).transfer_count, build("tree", 4, 100)
 (24, None)
