@@ -287,3 +287,36 @@ def _killed(rank, victim):
             out[choice] = {"type": type(exc).__name__, "message": str(exc), "peer": getattr(exc, "peer", None),
                            "seconds": time.monotonic() - started}
     return out
+
+
+def two_emulated_hosts(rank, workers):
+    """The ranks say they run on two hosts of workers / 2 (GRADSYNC_HOST): what ``auto`` takes
+    as candidates there, and the hierarchical all-reduce, reduce-scatter and all-gather through
+    the backend against Gloo's on the same data (max |difference|)."""
+    os.environ["GRADSYNC_HOST"] = f"machine{rank // (workers // 2)}"
+    gradsync_world(rank, workers, all_reduce="hierarchical", reduce_scatter="hierarchical",
+                   all_gather="hierarchical")
+    gloo = dist.new_group(backend="gloo")
+    group = dist.group.WORLD
+    from gradsync.runtime.transport.hosts import host_map
+
+    local = host_map(group).local_size()
+    names = gradsync.distributed.auto.candidates("all_reduce", workers, group.schedule_transport() == "shm", local)
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(workers * 1000, dtype=torch.float64, generator=g)
+    diffs = {}
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        outs = []
+        for on in (group, gloo):
+            if kind == "all_reduce":
+                out = x.clone()
+                dist.all_reduce(out, group=on)
+            elif kind == "reduce_scatter":
+                out = torch.empty(1000, dtype=torch.float64)
+                dist.reduce_scatter_tensor(out, x, group=on)
+            else:
+                out = torch.empty(workers * 1000, dtype=torch.float64)
+                dist.all_gather_into_tensor(out, x[:1000].contiguous(), group=on)
+            outs.append(out)
+        diffs[kind] = (outs[0] - outs[1]).abs().max().item()
+    return {"local": local, "candidates": names, "over": group.schedule_transport(), "diffs": diffs}

@@ -317,3 +317,11 @@ def test_a_rank_killed_under_torchrun_and_training_resumes_under_the_elastic_age
         final[backend] = (tmp_path / f"{backend}.final").read_text().split("|")
     assert final["gradsync"][1] == "1"                           # it finished on the second attempt
     assert final["gradsync"][0] == final["gloo"][0]              # from the checkpoint, to the same weights
+
+
+def test_on_two_hosts_auto_weighs_hierarchical_and_it_runs_through_the_backend(auto_cache):
+    # two hosts of two ranks, as the ranks report them (GRADSYNC_HOST): one machine here
+    for r in run(bodies.two_emulated_hosts, 4, timeout=120):
+        assert r["local"] == 2 and r["over"] == "gloo", r
+        assert "hierarchical" in r["candidates"], r
+        assert all(d <= EXACT_ENOUGH for d in r["diffs"].values()), r

@@ -50,19 +50,24 @@ def budget() -> float:
     return float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET))
 
 
-def candidates(kind: str, workers: int, shared: bool = False) -> list[str]:
+def candidates(kind: str, workers: int, shared: bool = False, local: int | None = None) -> list[str]:
     """What ``auto`` times against the engine for ``kind`` on ``workers`` ranks: two schedules,
-    and where the ranks share memory (``shared``) the shared-buffer collectives instead of the second.
+    where the ranks share memory (``shared``) the shared-buffer collectives instead of the
+    second, and where they span hosts of ``local`` ranks each (1 < local < workers) the
+    hierarchical schedule too (inside each host first, then across).
 
-    >>> candidates("reduce_scatter", 3), candidates("all_reduce", 4)
-    (['ring', 'sharded'], ['ring', 'halving_doubling'])
+    >>> candidates("reduce_scatter", 3), candidates("all_reduce", 4), candidates("all_reduce", 4, local=2)
+    (['ring', 'sharded'], ['ring', 'halving_doubling'], ['ring', 'halving_doubling', 'hierarchical'])
     """
     from .config import one_host_available
 
     if shared and one_host_available():
         return ["ring", "one_host"]
     power_of_two = workers & (workers - 1) == 0
-    return ["ring", "halving_doubling" if power_of_two else ("sharded" if kind != "all_reduce" else "tree")]
+    out = ["ring", "halving_doubling" if power_of_two else ("sharded" if kind != "all_reduce" else "tree")]
+    if local is not None and 1 < local < workers:
+        out.append("hierarchical")
+    return out
 
 
 def bucket(nbytes: int, measured: int) -> int:
@@ -116,8 +121,11 @@ def _key(group, kind: str) -> str:
 def _verdicts(group, kind: str, trial) -> list[str]:
     """This group's verdict per size: the cached one if every rank has it (rank 0's wins),
     else measured now and cached."""
+    from ..runtime.transport.hosts import host_map
+
     shared = group.schedule_transport() == "shm"
-    key, names = _key(group, kind), ["engine"] + candidates(kind, group.size(), shared)
+    local = host_map(group, group.timeout).local_size()
+    key, names = _key(group, kind), ["engine"] + candidates(kind, group.size(), shared, local)
     cached = _load().get(key)
     usable = cached is not None and all(v in names for v in cached)
     flags = torch.tensor([1 if usable else 0, len(cached) if usable else 0], dtype=torch.int64)
