@@ -80,6 +80,103 @@ def test_failure_stops_the_failed_devices_peers(client):
     assert all("rank 2" in s["message"] for s in f["stopped"] if s["node"] != 2)
 
 
+# ---- failures, with the runtime's detection delay (gradsync.web.failures) ---------------------------
+
+def _ring4():
+    """A hand-made ring of 4 (i sends to i + 1 in each of 6 rounds): round r runs from r to
+    r + 1 seconds, except in round 1 where 0 -> 1 starts at 1.25 and 3 -> 0 runs from 1.5 to 5."""
+    t = {"src": [], "dst": [], "round": [], "start": [], "done": []}
+    for r in range(6):
+        for i in range(4):
+            start, done = {(1, 0): (1.25, 2.0), (1, 3): (1.5, 5.0)}.get((r, i), (float(r), r + 1.0))
+            for key, v in (("src", i), ("dst", (i + 1) % 4), ("round", r), ("start", start), ("done", done)):
+                t[key].append(v)
+    return t
+
+
+def _stops(f):
+    return {s["node"]: (s["at_s"], s["waited_for"]) for s in f["stopped"]}
+
+
+def test_a_crash_is_found_at_each_survivors_next_liveness_check():
+    from gradsync.web.failures import failure
+    # rank 2 dies at 1.5 s, in round 1; liveness checks every 1.5 s from when each began waiting.
+    # Ranks 1 and 3 wait for it from 1.0: their checks at 2.5 find it. Rank 0 received from 3
+    # until 3 stopped at 2.5 (a transfer that would have lasted to 5), so its check at
+    # 1.25 + 1.5 = 2.75 finds it, from the record. 0 -> 1 of round 1 lands at 2.0, before both stop.
+    f = failure(_ring4(), device=2, at=1.5, detection="crash", check_every_s=1.5)
+    assert _stops(f) == {0: (2.75, 3), 1: (2.5, 2), 2: (1.5, None), 3: (2.5, 2)}
+    assert sum(f["completed"]) == 5 and f["completed"][4] and not f["completed"][7]
+    by = {s["node"]: s for s in f["stopped"]}
+    assert all(s["died_s"] == 1.5 for s in f["stopped"])
+    assert by[1]["message"] == ("PeerError: rank 2 died (its process is gone), seen at this rank's next liveness "
+                                "check while this rank waited to send to rank 2")
+    assert "once rank 3 had stopped" in by[0]["message"] and "receive from rank 3" in by[0]["message"]
+    assert (by[0]["began_s"], by[0]["seen_s"]) == (1.25, 2.5)
+
+
+def test_connections_that_close_at_once_stop_everyone_when_the_transfer_cannot_finish():
+    from gradsync.web.failures import failure
+    # no check interval: the page's old story (every survivor stops when its transfer cannot finish)
+    f = failure(_ring4(), device=2, at=1.5, check_every_s=0)
+    assert _stops(f) == {0: (1.5, 1), 1: (1.5, 2), 2: (1.5, None), 3: (1.5, 2)}
+    assert sum(f["completed"]) == 4                          # round 0 only
+    assert all("its connection closed" in s["message"] for s in f["stopped"] if s["node"] != 2)
+
+
+def test_a_stall_is_found_at_the_collectives_timeout():
+    from gradsync.web.failures import failure
+    # rank 2 hangs alive at 1.5 s: nothing closes, so everyone waits for the deadline, 8 s after
+    # the collective began; meanwhile 1 and 3 finish what they can (0 -> 1 and 3 -> 0 of round 1)
+    f = failure(_ring4(), device=2, at=1.5, detection="stall", timeout_s=8.0)
+    assert _stops(f) == {0: (8.0, 1), 1: (8.0, 2), 2: (1.5, None), 3: (8.0, 2)}
+    assert sum(f["completed"]) == 6
+    assert all("did not answer before the timeout" in s["message"] for s in f["stopped"] if s["node"] != 2)
+    assert f["stopped"][2]["message"].startswith("stalled")
+
+
+def test_detection_uses_the_runtimes_own_check_interval_and_timeout():
+    from gradsync.algorithms import build
+    from gradsync.model.simulate import simulate
+    from gradsync.model.topology import preset
+    from gradsync.runtime.request import DEFAULT_TIMEOUT
+    from gradsync.runtime.transport.shm.group import CHECK_EVERY_S
+    from gradsync.web.failures import detected, detection_defaults, failure
+
+    assert detection_defaults() == {"modes": ["crash", "stall"], "check_every_s": CHECK_EVERY_S, "timeout_s": DEFAULT_TIMEOUT}
+    assert detected("crash", 0.01, 60.0, 0.002, 0.0065) == pytest.approx(0.012)
+    assert detected("crash", 0.01, 60.0, 0.002, 0.0315) == pytest.approx(0.032)   # the check after it
+    assert detected("crash", 0.01, 60.0, 0.02, 0.0065) == pytest.approx(0.03)     # waits from after the death
+    r = simulate(build("ring", 8, 4_000_000), preset("ring", 8))
+    crash = failure(r, 5, 0.4 * r.time)
+    assert (crash["check_every_s"], crash["timeout_s"]) == (CHECK_EVERY_S, DEFAULT_TIMEOUT)
+    assert len(crash["stopped"]) == 8
+    for s in crash["stopped"]:
+        if s["node"] != 5:          # each stops at a check of its own, within one interval of the failure reaching it
+            late = s["at_s"] - max(s["began_s"], s["seen_s"])
+            assert 0 <= late <= CHECK_EVERY_S * (1 + 1e-9) and s["at_s"] > s["died_s"], s
+    stall = failure(r, 5, 0.4 * r.time, detection="stall")
+    assert {s["at_s"] for s in stall["stopped"] if s["node"] != 5} == {DEFAULT_TIMEOUT}
+    with pytest.raises(ValueError):
+        failure(r, 5, 0.0, detection="hang")
+
+
+def test_the_api_tells_a_stall_from_a_crash(client):
+    body = {"algorithm": "ring", "workers": 6, "size": "16MB"}
+    crash = _eventually(client.post, "/api/simulate", json=body | {"fail": {"device": 2, "at": 0.3}}).json()["failure"]
+    stall = _eventually(client.post, "/api/simulate", json=body | {"fail": {"device": 2, "at": 0.3, "detection": "stall",
+                                                                            "timeout_s": 5}}).json()["failure"]
+    assert crash["detection"] == "crash" and stall["detection"] == "stall" and stall["timeout_s"] == 5
+    assert all(s["at_s"] == 5 and "timeout" in s["message"] for s in stall["stopped"] if s["node"] != 2)
+    assert all(s["died_s"] < s["at_s"] <= max(s["began_s"], s["seen_s"]) + crash["check_every_s"] * (1 + 1e-9)
+               for s in crash["stopped"] if s["node"] != 2)
+    assert stall["recovery"] == crash["recovery"]
+    presets = client.get("/api/presets").json()
+    assert presets["detection"]["check_every_s"] == crash["check_every_s"]
+    bad = client.post("/api/simulate", json=body | {"fail": {"device": 2, "at": 0.3, "detection": "hang"}})
+    assert bad.status_code == 422 and "detection" in bad.text
+
+
 def test_compare_curve_passes_through_the_seed_figures(client):
     c = _eventually(client.get, "/api/compare?size=160MB").json()
     k = c["workers"].index(4)
@@ -237,6 +334,32 @@ def test_fail_control_shows_the_failure(page):
     shot(page, "failed")
     page.click("#heal")
     page.wait_for_function("!document.querySelector('#numbers').textContent.includes('failure')")
+    assert page.errors == []
+
+
+def test_the_narration_names_when_the_failure_was_noticed(page):
+    page.select_option("#topology", "ring")
+    page.select_option("#algorithm", "ring")
+    page.fill("#fail-device", "5")
+    page.eval_on_selector("#fail-at", "(e) => e.value = '0.4'")
+    page.click("#fail")
+    page.wait_for_function("window.gradsyncStats.failure && window.gradsyncStats.failure.detection === 'crash'")
+    f = page.evaluate("window.gradsyncStats.failure")
+    assert f["at_s"] < f["first_s"] <= f["last_s"] <= f["end_s"]
+    page.evaluate(f"window.gradsyncView.seek({(f['at_s'] + f['first_s']) / 2})")     # dead, not yet noticed
+    assert "nobody has noticed yet" in page.text_content("#narration")
+    page.evaluate(f"window.gradsyncView.seek({f['first_s']})")
+    text, when = page.text_content("#narration"), page.evaluate(f"window.gradsyncView.fmt({f['first_s']})")
+    assert f"noticed at {when} (its next liveness check, every 10.0 ms)" in text, text
+    page.select_option("#fail-how", "stall")
+    page.wait_for_function("window.gradsyncStats.failure && window.gradsyncStats.failure.detection === 'stall'")
+    f = page.evaluate("window.gradsyncStats.failure")
+    assert f["first_s"] == 60.0
+    page.evaluate(f"window.gradsyncView.seek({f['end_s']})")
+    assert "noticed at 60.0 s (the timeout, 60.0 s after the collective began" in page.text_content("#narration")
+    assert "stalls" in page.text_content("#numbers")
+    page.click("#heal")
+    page.select_option("#fail-how", "crash")
     assert page.errors == []
 
 

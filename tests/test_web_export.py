@@ -111,6 +111,13 @@ def _configs(core, count, seed=11):
             p["latency"] = rng.choice([f"{rng.uniform(0, 2e-4):.3g}", "5us", "0", "1ms"])
         if rng.random() < 0.3:
             p["fail"] = {"device": rng.randrange(p["workers"]), "at": round(rng.random(), 2)}
+            # how it is found: the runtime's crash (liveness checks) by default, else a stall at a
+            # timeout, or another check interval (0: connections that close at once)
+            how = rng.random()
+            if how < 0.3:
+                p["fail"] |= {"detection": "stall", "timeout_s": rng.choice([60.0, float(f"{10 ** rng.uniform(-5, 0):.3g}")])}
+            elif how < 0.6:
+                p["fail"]["check_every_s"] = rng.choice([0.0, float(f"{10 ** rng.uniform(-6, -1):.3g}")])
         if rng.random() < 0.2:
             p["compression"] = rng.choice(["fp16", "bf16"])
         out.append(p)
@@ -130,17 +137,26 @@ def _reference(p):
         return None
     out = {"time": result.time}
     if p.get("fail"):
-        f = failures.failure(result, p["fail"]["device"], p["fail"]["at"] * result.time)
+        fail = p["fail"]
+        f = failures.failure(result, fail["device"], fail["at"] * result.time, fail.get("detection", "crash"),
+                             fail.get("check_every_s"), fail.get("timeout_s"))
         out["stopped"] = [s["at_s"] for s in f["stopped"]]
+        out["delay"] = [s["at_s"] - s["died_s"] for s in f["stopped"]]      # the detection delay
+        out["why"] = [[s["node"], s["waited_for"], s["began_s"], s["seen_s"], s["message"]] for s in f["stopped"]]
         out["completed"] = sum(f["completed"])
+        out["parameters"] = [f["detection"], f["check_every_s"], f["timeout_s"]]
     return out
 
 
 RUN_ALL = """([configs]) => configs.map((p) => {
   try {
     const d = gradsyncSite.simulation(window.gradsyncCore, window.gradsyncSchedules, p);
-    return { time: d.time_s, stopped: d.failure ? d.failure.stopped.map((s) => s.at_s) : null,
-             completed: d.failure ? d.failure.completed.filter(Boolean).length : null };
+    const f = d.failure;
+    return { time: d.time_s, stopped: f ? f.stopped.map((s) => s.at_s) : null,
+             delay: f ? f.stopped.map((s) => s.at_s - s.died_s) : null,
+             why: f ? f.stopped.map((s) => [s.node, s.waited_for, s.began_s, s.seen_s, s.message]) : null,
+             parameters: f ? [f.detection, f.check_every_s, f.timeout_s] : null,
+             completed: f ? f.completed.filter(Boolean).length : null };
   } catch (e) { return { error: e.message, field: e.field || null }; }
 })"""
 
@@ -152,7 +168,7 @@ def test_the_pages_times_are_gradsyncs_over_random_configurations(offline):
     core = page.evaluate("window.gradsyncCore")
     configs = _configs(core, CONFIGS)
     got = page.evaluate(RUN_ALL, [configs])
-    checked = failed = identical = 0
+    checked = failed = identical = delayed = stalled = 0
     worst = 0.0
     for p, mine in zip(configs, got):
         want = _reference(p)
@@ -165,12 +181,20 @@ def test_the_pages_times_are_gradsyncs_over_random_configurations(offline):
         worst = max(worst, abs(mine["time"] - want["time"]) / want["time"])
         if p.get("fail"):
             assert mine["stopped"] == pytest.approx(want["stopped"], rel=1e-6, abs=1e-15), p
-            assert mine["completed"] == want["completed"], p
+            # each survivor's detection delay, and when it began waiting, when the failure reached
+            # it, whom it waited for and its PeerError, as gradsync.web.failures works them out
+            assert mine["delay"] == pytest.approx(want["delay"], rel=1e-6, abs=1e-15), p
+            assert [w[:2] + w[4:] for w in mine["why"]] == [w[:2] + w[4:] for w in want["why"]], p
+            for a, b in zip(mine["why"], want["why"]):
+                assert a[2:4] == pytest.approx(b[2:4], rel=1e-6, abs=1e-15) if b[2] is not None else a[2] is None, p
+            assert mine["parameters"] == want["parameters"] and mine["completed"] == want["completed"], p
             failed += 1
+            delayed += any(d > 0 for d in want["delay"])
+            stalled += want["parameters"][0] == "stall"
         checked += 1
-    print(f"\n{checked} configurations ({failed} with a failure): {identical} times bit-identical, "
-          f"worst relative difference {worst:.3g}")
-    assert checked >= 500 and failed >= 100
+    print(f"\n{checked} configurations ({failed} with a failure, {delayed} of them found after a delay, {stalled} "
+          f"stalls): {identical} times bit-identical, worst relative difference {worst:.3g}")
+    assert checked >= 500 and failed >= 100 and delayed >= 50 and stalled >= 20
     assert {p["algorithm"] for p in configs} == set(core["algorithms"])
     assert page.outside == [] and page.errors == []
 
@@ -211,6 +235,31 @@ def test_the_lesson_drawing_and_controls_are_above_the_fold_at_1366x768(offline)
         for id_, b in boxes.items():
             assert b["height"] > 0 and b["top"] >= 0 and b["bottom"] <= 768, (name, id_, b)
         assert boxes["narration"]["right"] <= 1366 and boxes["view"]["right"] <= boxes["narration"]["left"]
+    assert page.outside == [] and page.errors == []
+
+
+def test_the_failure_story_says_when_each_survivor_noticed_and_why(offline):
+    # the runtime's constants, exported as data, drive the page's model and its words
+    from gradsync.runtime.request import DEFAULT_TIMEOUT
+    from gradsync.runtime.transport.shm.group import CHECK_EVERY_S
+    page = offline
+    assert page.evaluate("window.gradsyncCore.detection") == {"modes": ["crash", "stall"], "check_every_s": CHECK_EVERY_S,
+                                                              "timeout_s": DEFAULT_TIMEOUT}
+    base = {"algorithm": "ring", "topology": "ring", "workers": 8, "size": "160MB"}
+    for how in ("crash", "stall"):
+        page.evaluate("(p) => window.gradsyncView.layoutFor(p)", base | {"fail": {"device": 5, "at": 0.4, "detection": how}})
+        f = page.evaluate("window.gradsyncStats.failure")
+        assert f["detection"] == how and f["at_s"] < f["first_s"] <= f["end_s"]
+        page.evaluate(f"window.gradsyncView.seek({f['first_s']})")
+        text, when = page.text_content("#narration"), page.evaluate(f"window.gradsyncView.fmt({f['first_s']})")
+        why = "its next liveness check, every 10.0 ms" if how == "crash" else "the timeout, 60.0 s after the collective began"
+        assert "died at" in text or "stalled at" in text
+        assert f"noticed at {when} ({why}" in text, text
+        assert ("stalls" if how == "stall" else "liveness check") in page.text_content("#failure-events")
+        # the timeline runs on to the last detection (its last part the gap, when that is much later)
+        assert page.evaluate("window.gradsyncView.frac(window.gradsyncStats.failure.end_s)") == pytest.approx(1)
+    page.evaluate("(p) => window.gradsyncView.layoutFor(p)", base)
+    assert page.evaluate("window.gradsyncStats.failure") is None
     assert page.outside == [] and page.errors == []
 
 

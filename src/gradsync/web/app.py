@@ -4,7 +4,8 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
 
 - ``GET /api/presets``: topologies and algorithms (every registered one) the page offers.
 - ``POST /api/simulate``: body {algorithm, topology, workers (2-64), size, bandwidth?, latency?,
-  components?, eps?, fail?: {device, at (0-1 of the collective's time)}} -> topology with its
+  components?, eps?, fail?: {device, at (0-1 of the collective's time), detection? ("crash" |
+  "stall"), check_every_s?, timeout_s? (the runtime's by default)}} -> topology with its
   drawing, every transfer (src, dst, round, op, offset, count, inputs carried, start, done,
   route: an index into ``routes``, each route's node indices once), the chunks, one sentence per round, the algorithm's explanation, time, busbw,
   CERAR's error and whether it would be refused, and the failure's outcome and recovery.
@@ -33,6 +34,7 @@ from .. import algorithms
 from ..errors import GradsyncError
 from ..units import parse_size
 from . import view
+from .failures import MODES, detection_defaults, failure
 
 MAX_BODY_BYTES = 16 * 1024
 MAX_SIZE_BYTES = 4 * 10**9
@@ -44,6 +46,9 @@ class Failure(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: StrictInt = Field(ge=0, le=63)
     at: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    detection: Literal[MODES] = "crash"                                       # how it fails, how it is found
+    check_every_s: float | None = Field(default=None, ge=0.0, le=10.0, allow_inf_nan=False)
+    timeout_s: float | None = Field(default=None, gt=0.0, le=1e6, allow_inf_nan=False)
 
 
 class SimulateRequest(BaseModel):
@@ -167,13 +172,20 @@ def _serve_api(app: FastAPI) -> None:
                 "fixed_workers": {name: view.fixed_workers(name) for name in TOPOLOGIES if view.fixed_workers(name)},
                 "explanations": {name: algorithms.get(name).explanation for name in algorithms.names()},
                 "max_components_per_worker": view.MAX_COMPONENTS_PER_WORKER,
-                "compressions": list(view.COMPRESSIONS)}
+                "compressions": list(view.COMPRESSIONS), "detection": detection_defaults()}
 
     @app.post("/api/simulate")
     def simulate_view(req: SimulateRequest):
         fail = (req.fail.device, req.fail.at) if req.fail else None
-        return _json(view.simulation(req.algorithm, req.topology, req.workers, _size(req.size), req.bandwidth,
-                                     req.latency, req.components, req.eps, fail, req.compression or None))
+        out = view.simulation(req.algorithm, req.topology, req.workers, _size(req.size), req.bandwidth,
+                              req.latency, req.components, req.eps, fail, req.compression or None)
+        f = req.fail
+        if f and out.get("failure") and (f.detection != "crash" or f.check_every_s is not None or f.timeout_s is not None):
+            # the view works out a crash with the runtime's parameters; another detection is
+            # worked out here from the same timeline (the cached answer is not changed)
+            again = failure(out["transfers"], f.device, f.at * out["time_s"], f.detection, f.check_every_s, f.timeout_s)
+            out = {**out, "failure": {**again, "recovery": out["failure"]["recovery"]}}
+        return _json(out)
 
     @app.get("/api/schedule")
     def schedule(algorithm: str = Query("ring", max_length=40), workers: int = Query(8, ge=1, le=64),

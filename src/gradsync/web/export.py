@@ -5,7 +5,8 @@ runs from a folder (or ``file://``) with no server and every control live.
 The data are one description with two readers: each algorithm's schedules (per worker count
 offered and options, their pieces as cut labels: ``site_model``) and each topology preset
 (per worker count: nodes with their rates, links, the drawing's layout). The page times them
-for any size, bandwidth, latency and failure. Data files are scripts
+for any size, bandwidth, latency and failure (with the runtime's
+detection parameters, read from ``gradsync.runtime``: ``failures.detection_defaults``). Data files are scripts
 (``window.gradsyncData(key, value)``), not JSON fetched by the page: browsers refuse ``fetch``
 of ``file://`` URLs but run scripts from them.
 """
@@ -20,7 +21,7 @@ from .. import algorithms
 from ..core.narrate import narrate
 from ..core.schedule import CODED, COPY, REDUCE
 from ..errors import ConfigError
-from . import site_model, view
+from . import failures, site_model, view
 from .options import view_options
 from .layout import layout
 
@@ -136,7 +137,8 @@ def export(folder, topologies=None) -> dict:
             "compressions": list(HALF_PRECISION), "exact_only": [a for a in names if algorithms.get(a).exact],
             "limits": {"min_bytes": MIN_BYTES, "max_bytes": 4 * 10**9, "bandwidth": view.BANDWIDTH_RANGE,
                        "latency": view.LATENCY_RANGE, "max_cells": view.MAX_CELLS, "tree_segments": view.TREE_SEGMENTS},
-            "book_figures": view.BOOK_FIGURES}
+            "book_figures": view.BOOK_FIGURES,
+            "detection": failures.detection_defaults()}     # the runtime's own check interval and timeout
     written += _write(root / "data", "model", core)
     return {"families": {a: sum(1 for v in f.values() if v) for a, f in families.items()},
             "topologies": len(topo_data), "bytes": written}

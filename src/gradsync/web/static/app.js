@@ -6,7 +6,7 @@
 
 const $ = (id) => document.getElementById(id);
 const REDUCE = 0, COPY = 1, CODED = 2;
-const CODED_COLOR = "#c084fc", FAIL_COLOR = "#ef4444", DONE_RING = "#f8fafc";
+const CODED_COLOR = "#c084fc", FAIL_COLOR = "#ef4444", DONE_RING = "#f8fafc", WAIT_COLOR = "#fbbf24";
 const MIN_FONT = 11;                       // CSS px: no text smaller than this, on any canvas
 const ROUND_SECONDS = 0.6;                 // at speed 1 a round plays in about this long...
 const PLAY_LIMITS = [6, 40];               // ...within these seconds for the whole collective
@@ -73,7 +73,7 @@ window.gradsyncLoadAll = () => schedulesFor(window.gradsyncCore.algorithms);
 // An error is shown under the field that caused it (the whole message; the old drawing is
 // dimmed so it is not taken for the answer).
 const FIELD_OF = [[/^(bad size|size)/, "size"], [/^(bad bandwidth|bandwidth)/, "bandwidth"], [/^(bad duration|latency)/, "latency"],
-  [/^fail\.device|^fail/, "fail-device"], [/^(workers|this export offers|topology .* has)/, "workers"], [/^components/, "components"],
+  [/^fail\.(detection|check_every_s|timeout_s)/, "fail-how"], [/^fail\.device|^fail/, "fail-device"], [/^(workers|this export offers|topology .* has)/, "workers"], [/^components/, "components"],
   [/^eps/, "eps"], [/^(compression|unknown codec)/, "compression"], [/^(algorithm|unknown algorithm)/, "algorithm"]];
 function fieldOf(message) { for (const [re, id] of FIELD_OF) if (re.test(message)) return id; return null; }
 function showError(field, message) {
@@ -154,9 +154,15 @@ function load(d) {
   const byDone = [...Array(n).keys()].sort((a, b) => t.done[a] - t.done[b]);
   const cut = new Float64Array(n).fill(Infinity);       // when a transfer stops (failure)
   if (d.failure) {
-    const stop = new Map(d.failure.stopped.map((s) => [s.node, s.at_s]));
+    // a transfer that cannot complete moves until one of its ends stops; one in a round that an
+    // end never reaches (its rounds are sequential) never starts
+    const stop = new Map(d.failure.stopped.map((s) => [s.node, s.at_s])), stuck = new Map();
     for (let i = 0; i < n; i++) if (!d.failure.completed[i])
-      cut[i] = Math.min(stop.get(t.src[i]) ?? Infinity, stop.get(t.dst[i]) ?? Infinity);
+      for (const x of [t.src[i], t.dst[i]]) if (x !== d.failure.device) stuck.set(x, Math.min(stuck.get(x) ?? Infinity, t.round[i]));
+    for (let i = 0; i < n; i++) if (!d.failure.completed[i]) {
+      const never = t.round[i] > (stuck.get(t.src[i]) ?? Infinity) || t.round[i] > (stuck.get(t.dst[i]) ?? Infinity);
+      cut[i] = never ? t.start[i] : Math.min(stop.get(t.src[i]) ?? Infinity, stop.get(t.dst[i]) ?? Infinity);
+    }
   }
   const cells = d.cells;
   const cellOf = (off) => { let lo = 0, hi = cells.length - 1; while (hi - lo > 1) { const m = (lo + hi) >> 1; if (cells[m] <= off) lo = m; else hi = m; } return lo; };
@@ -175,8 +181,12 @@ function load(d) {
   if (d.failure) for (let i = 0; i < n; i++) if (!d.failure.completed[i]) never.add(roundIndex.get(t.round[i]));
   const codedPerWorker = new Int32Array(d.placement.length);
   for (let i = 0; i < n; i++) if (t.op[i] === CODED) codedPerWorker[t.dst[i]]++;
+  // the story's clock runs past the collective to the last survivor's detection; when that is
+  // much later (a 60 s timeout after a 5 ms collective), the timeline's last fifth is that gap
+  const lastStop = d.failure ? Math.max(...d.failure.stopped.map((s) => s.at_s)) : 0, end = Math.max(d.time_s, lastStop);
+  const split = end <= d.time_s ? 1 : end <= 3 * d.time_s ? d.time_s / end : 0.8;
   anim = { byStart, byDone, cut, span, nodes: d.placement.length, k, roundIndex, roundStart, roundDone, never,
-           codedPerWorker, startPtr: 0, donePtr: 0, active: new Set(), state: null, coded: null, current: -1 };
+           codedPerWorker, startPtr: 0, donePtr: 0, active: new Set(), state: null, coded: null, current: -1, end, split };
   anim.followSets = new Map();
   if (follow !== null && (follow >= anim.k || d.estimate)) follow = null;
   if (follow !== null) anim.followSets = followSets(follow);
@@ -193,7 +203,8 @@ function load(d) {
   stats.drawnWorkers = d.workers;
   stats.loadedAt = performance.now();
   stats.timeS = d.time_s;
-  stats.failure = d.failure ? { device: d.failure.device, at_s: d.failure.at_s } : null;
+  stats.failure = d.failure ? { device: d.failure.device, at_s: d.failure.at_s, detection: d.failure.detection,
+                                 first_s: firstNotice(d.failure).at_s, last_s: lastStop, end_s: end } : null;
   speedLabel();
   markChart();
 }
@@ -214,6 +225,21 @@ function resetState() {
   anim.coded = new Int32Array(anim.nodes);
   anim.sets = follow === null ? null : Array.from({ length: anim.nodes }, (_, node) => (node < data.workers ? [node] : []));
   anim.startPtr = 0; anim.donePtr = 0; anim.active = new Set(); anim.stopped = new Set();
+}
+
+// The timeline's position (0-1, beyond 1 past the end) of time `s`, and back: the collective on
+// the first `split` of it, the failure's detection after it (a broken axis when much later).
+function toFrac(s) {
+  const a = anim.split, T0 = data.time_s, E = anim.end;
+  if (s > E) return 1 + (s - E) / Math.max(E, 1e-300);
+  if (s <= T0 || E <= T0) return a * s / Math.max(T0, 1e-300);
+  return a + (1 - a) * (s - T0) / (E - T0);
+}
+function fromFrac(f) {
+  const a = anim.split, T0 = data.time_s, E = anim.end;
+  if (f > 1) return E + (f - 1) * E;
+  if (f <= a || E <= T0) return (f / a) * T0;
+  return T0 + (f - a) / (1 - a) * (E - T0);
 }
 
 // Apply every event up to time `now`: starts enter the active set, completions update buffers.
@@ -564,6 +590,11 @@ function redName(g, nd) {
 function drawFailure(g) {
   if (!data.failure) return;
   for (const s of data.failure.stopped) {
+    if (s.at_s > simNow && s.node !== data.failure.device && simNow >= data.failure.at_s) {
+      const nd = data.placement[s.node];                // dead already, not yet noticed: waiting in vain
+      g.strokeStyle = WAIT_COLOR; g.lineWidth = 2; g.setLineDash([3, 3]);
+      g.beginPath(); g.arc(geom.x[nd], geom.y[nd], geom.r[nd] + 2, 0, 2 * Math.PI); g.stroke(); g.setLineDash([]);
+    }
     if (s.at_s > simNow) continue;
     const nd = data.placement[s.node], x = geom.x[nd], y = geom.y[nd];
     g.fillStyle = FAIL_COLOR; g.strokeStyle = FAIL_COLOR;
@@ -591,7 +622,8 @@ function drawHover(g) {
   for (let c = 0; c < k; c++) if (cellFill(hover, c) >= 1) complete++;
   lines.push(`${complete} of ${k} chunks hold the full sum`);
   const stop = data.failure && data.failure.stopped.find((s) => s.node === hover && s.at_s <= simNow);
-  if (stop) lines.push(stop.message);
+  if (stop) { lines.push(stop.message);
+    if (stop.node !== data.failure.device) lines.push(`rank ${data.failure.device} died at ${fmtTime(stop.died_s)}; this rank noticed at ${fmtTime(stop.at_s)}`); }
   font(g, 12);
   const bw = Math.max(...lines.map((l) => g.measureText(l).width)) + 12, bh = 16 * lines.length + 8 + 18;
   const bx = Math.min(x + 12, V.w - bw - 4), by = Math.min(y + 12, V.h - bh - 4);
@@ -635,7 +667,7 @@ function drawTimeline() {
   timelineLayer.width = timeline.width; timelineLayer.height = timeline.height;
   const g = timelineLayer.getContext("2d"), t = data.transfers, k = anim.k;
   g.setTransform(T.dpr, 0, 0, T.dpr, 0, 0);
-  const X = (s) => GUTTER + (s / Math.max(data.time_s, 1e-15)) * (T.w - GUTTER - 8);
+  const X = (s) => GUTTER + toFrac(s) * (T.w - GUTTER - 8);
   font(g, 11); g.fillStyle = "#94a3b8";
   let lastLabel = -Infinity;
   L.first.forEach((row, s) => {
@@ -657,18 +689,42 @@ function drawTimeline() {
       g.fillRect(x0, 12 + row * rowH + 0.5 + (q * h) / stripes, Math.max(x1 - x0 - 0.5, 0.8), h / stripes);
     }
   }
-  if (data.failure) {
-    g.fillStyle = FAIL_COLOR; const x = X(data.failure.at_s);
-    g.fillRect(x - 1, 8, 2, rows * rowH + 4); font(g, 11, "bold"); g.fillText("failure", Math.min(x + 3, T.w - 48), 10);
-  }
+  if (data.failure) drawDetection(g, X, L, rowH);
   T.X = X;
+}
+
+// From the death to each survivor's detection: an amber band on its rows (it waits in vain)
+// ending in a red tick (it raises PeerError); the axis broken where the gap is compressed.
+function drawDetection(g, X, L, rowH) {
+  const f = data.failure, rows = L.rows, top = 12, bottom = 12 + rows * rowH;
+  if (anim.split < 1 && anim.end > 3 * data.time_s) {            // the broken axis
+    const xb = X(data.time_s);
+    g.fillStyle = "#020617"; g.fillRect(xb - 3, top - 4, 6, bottom - top + 8);
+    g.strokeStyle = "#94a3b8"; g.lineWidth = 1; g.beginPath();
+    for (const dx of [-3, 1]) { g.moveTo(xb + dx, bottom + 2); g.lineTo(xb + dx + 2, top - 4); }
+    g.stroke();
+  }
+  for (const s of f.stopped) {
+    if (s.node === f.device) continue;
+    const sender = Math.min(s.node, L.senders - 1), row = L.first[sender];
+    const lanes = (sender + 1 < L.first.length ? L.first[sender + 1] : rows) - row, y = top + row * rowH, h = Math.max(lanes * rowH, 2);
+    const x0 = X(Math.max(f.at_s, s.began_s ?? f.at_s)), x1 = X(s.at_s);
+    g.fillStyle = "rgba(251, 191, 36, 0.28)"; g.fillRect(x0, y, Math.max(x1 - x0, 1), h);
+    g.fillStyle = FAIL_COLOR; g.fillRect(x1 - 1, y, 2, h);
+  }
+  g.fillStyle = FAIL_COLOR; const x = X(f.at_s);
+  g.fillRect(x - 1, 8, 2, rows * rowH + 4); font(g, 11, "bold");
+  const label = Math.min(x + 3, T.w - 48); g.fillText("failure", label, 10);
+  const first = firstNotice(f), xf = X(first.at_s), text = `noticed +${fmtTime(first.at_s - f.at_s)}`, w = g.measureText(text).width;
+  if (first.node !== f.device && xf - w - 3 > label + g.measureText("failure").width + 6) { g.fillStyle = WAIT_COLOR; g.fillText(text, xf - w - 3, 10); }
+  else if (first.node !== f.device && xf + 3 + w < T.w && xf + 3 > label + g.measureText("failure").width + 6) { g.fillStyle = WAIT_COLOR; g.fillText(text, xf + 3, 10); }
 }
 
 function drawCursor() {
   const g = T.g;
   g.clearRect(0, 0, T.w, T.h);
   g.drawImage(timelineLayer, 0, 0, T.w, T.h);
-  const x = T.X(Math.min(simNow, data.time_s));
+  const x = T.X(Math.min(simNow, anim.end));
   g.fillStyle = "#f8fafc"; g.fillRect(x - 1, 4, 2, T.h - 8);
 }
 
@@ -687,17 +743,34 @@ function currentStep() {
   return last;
 }
 
+// The survivor that found the failure first, and the words for how it did.
+function firstNotice(f) {
+  return f.stopped.filter((s) => s.node !== f.device).sort((a, b) => a.at_s - b.at_s || a.node - b.node)[0] || f.stopped[0];
+}
+function howFound(f) {
+  if (f.detection === "stall") return `the timeout, ${fmtTime(f.timeout_s)} after the collective began: a stalled process closes nothing`;
+  if (f.check_every_s <= 0) return "its connection closed at once";
+  return `its next liveness check, every ${fmtTime(f.check_every_s)}`;
+}
+
 // After a failure the story is the failure's: who has died, who has stopped, what never happens.
 function failureStory() {
   const f = data.failure;
   if (!f || simNow < f.at_s) return null;
   const name = (node) => data.topology.nodes[data.placement[node]].name, last = Math.max(...f.stopped.map((s) => s.at_s));
   const stopped = f.stopped.filter((s) => s.node !== f.device && s.at_s <= simNow).length, peers = f.stopped.length - 1;
-  const never = anim.never.size;
-  if (simNow < last) return { key: `f${stopped}`, text: `${name(f.device)} (rank ${f.device}) died at ${fmtTime(f.at_s)}. ` +
-    `${stopped} of ${peers} peers have stopped so far: each raises PeerError naming rank ${f.device} when the transfer it waits for cannot finish.`,
+  const never = anim.never.size, first = firstNotice(f), died = f.detection === "stall" ? "stalled" : "died";
+  const dead = `${name(f.device)} (rank ${f.device}) ${died} at ${fmtTime(f.at_s)}`;
+  if (first.node === f.device) return { key: "f-none", text: `${dead}, after its last transfer: no survivor waits for it, and the collective completes.`,
+    detail: "" };
+  const noticed = `${name(first.node)} noticed at ${fmtTime(first.at_s)} (${howFound(f)})`;
+  if (first.node !== f.device && simNow < first.at_s) return { key: "f-wait", text: `${dead}; nobody has noticed yet: ` +
+    `its peers wait for it, and ${noticed.replace("noticed at", "will notice at")}.`,
     detail: `${never} of ${data.narration.length} rounds will not complete.` };
-  return { key: "done", text: `The collective was abandoned: ${name(f.device)} (rank ${f.device}) died at ${fmtTime(f.at_s)}, and by ` +
+  if (simNow < last) return { key: `f${stopped}`, text: `${dead}; ${noticed}. ` +
+    `${stopped} of ${peers} peers have stopped so far: each raises PeerError naming rank ${f.device} once it finds its wait cannot finish.`,
+    detail: `${never} of ${data.narration.length} rounds will not complete.` };
+  return { key: "done", text: `The collective was abandoned: ${dead}; ${noticed}, and by ` +
     `${fmtTime(last)} every survivor had raised PeerError naming it; none hangs.`,
     detail: `${never} of ${data.narration.length} rounds never complete (greyed in the list); the restart with the survivors is below.` };
 }
@@ -744,7 +817,9 @@ function renderPanels() {
     const c = d.compression;
     rows.push(["compression", `${c.codec}: ${c.collectives} in ${c.itemsize}-byte elements, ${fmtBytes(c.wire_bytes)} sent by the busiest worker (codec compute not drawn)`]);
   }
-  if (d.failure) rows.push(["failure", `rank ${d.failure.device} at ${fmtTime(d.failure.at_s)}; ${d.failure.stopped.length - 1} peers report it`]);
+  if (d.failure) { const f = d.failure, first = firstNotice(f);
+    rows.push(["failure", `rank ${f.device} ${f.detection === "stall" ? "stalls" : "crashes"} at ${fmtTime(f.at_s)}; ${f.stopped.length - 1} peers report it, ` +
+      `the first at ${fmtTime(first.at_s)} (${fmtTime(first.at_s - f.at_s)} later: ${f.detection === "stall" ? "the timeout" : f.check_every_s > 0 ? "liveness check" : "connection closed"})`]); }
   $("numbers").innerHTML = rows.map(([key, v]) => `<dt>${key}</dt><dd>${v}</dd>`).join("");
   $("explain-title").textContent = `How ${d.algorithm} works`;
   $("explanation").textContent = (d.summary ? d.summary + ".\n" : "") + (d.explanation || "");
@@ -770,9 +845,9 @@ function renderPanels() {
     }
     const list = (ns) => ns.length <= 6 ? ns.join(", ") : ns.slice(0, 5).join(", ") + ` and ${ns.length - 5} more`;
     $("failure-events").innerHTML = [...groups.values()].sort((a, b2) => a.at - b2.at || b2.dead - a.dead).map((g) =>
-      `<li data-at="${g.at}">${fmtTime(g.at)}: ${g.dead ? `${g.names[0]} dies` :
-        `${list(g.names)} ${g.names.length > 1 ? "stop" : "stops"} waiting and raise${g.names.length > 1 ? "" : "s"} ` +
-        `PeerError: rank ${f.device} failed (a peer of theirs stopped answering)`}</li>`).join("");
+      `<li data-at="${g.at}">${fmtTime(g.at)}: ${g.dead ? `${g.names[0]} ${f.detection === "stall" ? "stalls (alive, silent)" : "dies"}` :
+        `${list(g.names)} ${g.names.length > 1 ? "notice" : "notices"} it (${f.detection === "stall" ? "the timeout" : f.check_every_s > 0 ? "a liveness check" : "a closed connection"}, ` +
+        `${fmtTime(g.at - f.at_s)} after) and raise${g.names.length > 1 ? "" : "s"} PeerError naming rank ${f.device}`}</li>`).join("");
     const r = f.recovery;
     $("recovery").textContent = r && r.time_s ? `Then every survivor has the error, none hangs. An elastic restart re-forms the group with the ` +
       `${r.workers} survivors (a new rendezvous, seconds) and runs the collective again: ${fmtTime(r.time_s)} for ${r.workers} workers.` :
@@ -801,10 +876,9 @@ function frame(ts) {
     const dt = ts - lastFrame;
     stats.fps = stats.fps ? 0.9 * stats.fps + 0.1 * (1000 / Math.max(dt, 1)) : 1000 / Math.max(dt, 1);
     if (data && playing) {
-      const rate = data.time_s / (playSeconds() * 1000) * Math.pow(10, speedExp);
-      let next = simNow + dt * rate;
-      if (next > data.time_s * 1.15) next = 0;           // loop, with a short pause at the end
-      advanceTo(next);
+      let next = toFrac(simNow) + dt * anim.split / (playSeconds() * 1000) * Math.pow(10, speedExp);
+      if (next > 1 + 0.15 * anim.split) next = 0;        // loop, with a short pause at the end
+      advanceTo(fromFrac(next));
     }
   }
   lastFrame = ts;
@@ -825,8 +899,8 @@ function render() {
   updateNarration();
   updateFailureEvents();
   if (anim.followShown !== anim.donePtr) { anim.followShown = anim.donePtr; updateFollow(); }
-  $("now").textContent = fmtTime(Math.min(simNow, data.time_s));
-  if (!scrubbing) $("scrub").value = String(data.time_s > 0 ? Math.min(simNow / data.time_s, 1) : 0);
+  $("now").textContent = fmtTime(Math.min(simNow, anim.end));
+  if (!scrubbing) $("scrub").value = String(data.time_s > 0 ? Math.min(toFrac(simNow), 1) : 0);
   if (pendingSince !== null && stats.loadedAt >= pendingSince) {
     stats.updateMs = performance.now() - pendingSince;
     if (stats.timing) stats.timing.total = stats.updateMs;
@@ -973,21 +1047,22 @@ function pause() { playing = false; $("play").textContent = "play"; }
 // paused view shows packets on their links, not only inside their senders.
 function stops() {
   if (anim.stops) return anim.stops;
-  const t = data.transfers, ev = [...new Set([0, ...t.start, ...t.done, data.time_s])].sort((a, b) => a - b), out = [];
+  const t = data.transfers, failed = data.failure ? data.failure.stopped.map((s) => s.at_s) : [];
+  const ev = [...new Set([0, ...t.start, ...t.done, data.time_s, ...failed])].sort((a, b) => a - b), out = [];
   ev.forEach((e, k) => { if (k) out.push((ev[k - 1] + e) / 2); out.push(e); });
   return (anim.stops = out);
 }
 function stepForward() {
   pause();
   const next = stops().find((e) => e > simNow + 1e-12 * data.time_s);
-  advanceTo(next === undefined ? data.time_s : next);
+  advanceTo(next === undefined ? anim.end : next);
 }
 function stepBack() {
   pause();
   const before = stops().filter((e) => e < simNow - 1e-12 * data.time_s);
   advanceTo(before.length ? before[before.length - 1] : 0);
 }
-function seekFraction(f) { advanceTo(Math.max(0, Math.min(1, f)) * data.time_s); }
+function seekFraction(f) { advanceTo(fromFrac(Math.max(0, Math.min(1, f)))); }
 
 function syncWorkersField() {
   const fixed = fixedWorkers[$("topology").value], field = $("workers");
@@ -1069,7 +1144,8 @@ async function init() {
       }
     }
   });
-  $("fail").onclick = () => { failure = { device: Number($("fail-device").value), at: Number($("fail-at").value) }; refresh(); };
+  $("fail").onclick = () => { failure = { device: Number($("fail-device").value), at: Number($("fail-at").value), detection: $("fail-how").value }; refresh(); };
+  $("fail-how").addEventListener("change", () => { if (failure) { failure = { ...failure, detection: $("fail-how").value }; refresh(); } });
   $("heal").onclick = () => { failure = null; $("fail-note").textContent = ""; refresh(); };
   $("recover").onclick = () => {
     if (!data || !data.failure || !data.failure.recovery) return;
@@ -1100,6 +1176,8 @@ window.gradsyncView = {
   pixel: (x, y, bare = false) => { hidePackets = bare; render(); hidePackets = false;
     return Array.from(V.g.getImageData(Math.round(x * V.dpr), Math.round(y * V.dpr), 1, 1).data); },
   step: () => currentStep(),
+  fmt: (sec) => fmtTime(sec),
+  frac: (sec) => toFrac(sec),
   follow: (c) => { setFollow(c); render(); return follow; },
   sums: () => (anim.sets ? anim.sets.map((x) => x.slice()) : null),
   carriedSets: () => (follow === null ? null : [...anim.followSets.entries()].map(([i, set]) => [i, set.length, data.transfers.carried[i], anim.span[2 * i + 1] - anim.span[2 * i]])),

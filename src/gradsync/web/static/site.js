@@ -96,10 +96,23 @@ const gradsyncSite = (() => {
     if (p.fail) {
       const { device, at } = p.fail;
       if (!(Number.isInteger(device) && device >= 0 && device < c.n)) throw fieldError("fail-device", `fail.device must be a worker in 0..${c.n - 1}, got ${device}`);
-      const fail = M.failure({ src: out.transfers.src, dst: out.transfers.dst }, { kept: kept.map((_, i) => i), start: sim.start, done: sim.done }, device, at * sim.time);
+      const opts = detectionOf(core, p.fail);
+      const fail = M.failure({ src: out.transfers.src, dst: out.transfers.dst, round: out.transfers.round },
+                             { kept: kept.map((_, i) => i), start: sim.start, done: sim.done }, device, at * sim.time, opts);
       out.failure = { ...fail, recovery: recovery(core, schedules, p, c.n) };
     }
     return out;
+  }
+
+  // How the failure is found (web/failures.failure's parameters): the runtime's liveness-check
+  // interval and timeout, exported from gradsync.runtime (data/model.js), unless the request sets them.
+  function detectionOf(core, fail) {
+    const d = core.detection, detection = fail.detection ?? "crash";
+    if (!d.modes.includes(detection)) throw fieldError("fail-how", `fail.detection must be one of ${d.modes.join(", ")}, got '${detection}'`);
+    const every = fail.check_every_s ?? d.check_every_s, timeout = fail.timeout_s ?? d.timeout_s;
+    if (!(typeof every === "number" && every >= 0 && every <= 10)) throw fieldError("fail-how", `fail.check_every_s must be between 0 and 10 seconds, got ${every}`);
+    if (!(typeof timeout === "number" && timeout > 0 && timeout <= 1e6)) throw fieldError("fail-how", `fail.timeout_s must be a positive number of seconds up to 1e6, got ${timeout}`);
+    return { detection, check_every_s: every, timeout_s: timeout };
   }
 
   function recovery(core, schedules, p, n) {                        // web.view._recovery
