@@ -3,6 +3,7 @@
 Usage: python benchmarks/backend_step.py [--workers 4] [--launches 3] [--steps 10] [--blocks 3]
        [--width 1024] [--layers 8] [--algorithms "all_reduce=ring,..."] [--out FILE]
        python benchmarks/backend_step.py --collectives [--workers 4] [--sizes-mb 1,16]
+       python benchmarks/backend_step.py --machines 2 --link-bandwidth 1Gbit   (root: emulated machines)
 
 ``--collectives`` times single collectives instead (all_reduce, reduce_scatter_tensor,
 all_gather_into_tensor of float32, median of 8 calls after 2): on the Gloo group, and on the
@@ -18,6 +19,10 @@ and at the top (the mesh ``DeviceMesh.from_group``). The four variants take turn
 time is the median over its blocks, and the figure is the median over launches of each
 launch's ratio gradsync / Gloo, side by side for DDP and FSDP2. Both groups' parameters are
 compared at the end (max |difference|, to show the same training happened).
+
+``--machines M --link-bandwidth B`` puts the workers on M emulated machines (network
+namespaces, --workers / M each, joined by links shaped to B: ``gradsync.tools.links``), as
+the hierarchical benchmark does; ``auto`` then weighs the hierarchical schedule too.
 """
 
 import argparse
@@ -78,7 +83,9 @@ def worker(rank, workers, steps, blocks, width, layers, algorithms):
         opt.step()
 
     seconds = step_times(step, VARIANTS, steps, blocks, dist.barrier)
-    return {"seconds": seconds, "same": _same(models)}
+    from gradsync.distributed.auto import table
+
+    return {"seconds": seconds, "same": _same(models), "auto": table(groups["gradsync"])}
 
 
 SETUPS = {"gloo": None, "ring over gloo": dict(transport="gloo"), "ring over shm": dict(transport="shm"),
@@ -145,6 +152,8 @@ def main(argv=None):
     parser.add_argument("--out", default="")
     parser.add_argument("--collectives", action="store_true", help="time single collectives instead")
     parser.add_argument("--sizes-mb", default="1,16")
+    parser.add_argument("--machines", type=int, default=1, help="emulated machines (root); 1: none")
+    parser.add_argument("--link-bandwidth", default="1Gbit", help="with --machines: each machine's link")
     args = parser.parse_args(argv)
     from gradsync.tools.launch import run
 
@@ -157,17 +166,26 @@ def main(argv=None):
         return result
     launches = []
     for i in range(args.launches):
-        per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers, args.algorithms,
-                       timeout=600.0)
+        if args.machines > 1:
+            from gradsync.tools.links import SlowLinks
+
+            with SlowLinks(args.workers, args.link_bandwidth, per_node=args.workers // args.machines) as net:
+                per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers,
+                               args.algorithms, network=net, timeout=1800.0)
+        else:
+            per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers, args.algorithms,
+                           timeout=600.0)
         seconds = {k: max(r["seconds"][k] for r in per_rank) for k in VARIANTS}     # the slowest rank's
-        launch = {"seconds": seconds, "same": per_rank[0]["same"],
+        launch = {"seconds": seconds, "same": per_rank[0]["same"], "auto": per_rank[0]["auto"],
                   "ddp_ratio": seconds["ddp_gradsync"] / seconds["ddp_gloo"],
                   "fsdp_ratio": seconds["fsdp_gradsync"] / seconds["fsdp_gloo"]}
         launches.append(launch)
         print(f"launch {i}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in seconds.items())
-              + f"  ratio ddp {launch['ddp_ratio']:.2f} fsdp {launch['fsdp_ratio']:.2f}  same {launch['same']}",
+              + f"  ratio ddp {launch['ddp_ratio']:.2f} fsdp {launch['fsdp_ratio']:.2f}  same {launch['same']}"
+              + "  auto: " + ", ".join(f"{a['collective']} {a['bytes'] >> 10} KiB {a['choice']}" for a in launch["auto"]),
               flush=True)
-    result = {"workers": args.workers, "width": args.width, "layers": args.layers, "steps": args.steps,
+    result = {"workers": args.workers, "machines": args.machines,
+              "link_bandwidth": args.link_bandwidth if args.machines > 1 else None, "width": args.width, "layers": args.layers, "steps": args.steps,
               "blocks": args.blocks, "algorithms": args.algorithms or "auto", "launches": launches,
               "median_ddp_ratio": statistics.median(x["ddp_ratio"] for x in launches),
               "median_fsdp_ratio": statistics.median(x["fsdp_ratio"] for x in launches)}
