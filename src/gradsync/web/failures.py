@@ -93,7 +93,30 @@ def failure(result, device: int, at: float, detection: str = "crash", check_ever
     defaults = detection_defaults()
     every = defaults["check_every_s"] if check_every_s is None else float(check_every_s)
     timeout = defaults["timeout_s"] if timeout_s is None else float(timeout_s)
-    src, dst, rnd, start, done = _columns(result)
+    columns = _columns(result)
+    end, cause, completes = _spread(columns, device, at,
+                                    lambda began, seen: detected(detection, every, timeout, began, seen))
+    src, dst = columns[0], columns[1]
+    stopped = []
+    for x in range(len(end)):
+        if x == device:
+            stopped.append({"node": x, "at_s": at, "died_s": at, "began_s": None, "seen_s": at, "waited_for": None,
+                            "message": "died: its process is gone" if detection == "crash" else
+                            "stalled: alive, but it no longer sends or receives"})
+        elif end[x] < math.inf:
+            began, seen, i, y, via = cause[x]
+            stopped.append({"node": x, "at_s": end[x], "died_s": at, "began_s": began, "seen_s": seen, "waited_for": y,
+                            "message": _message(detection, every, device, y, "receive from" if dst[i] == x else "send to",
+                                                via)})
+    return {"device": device, "at_s": at, "detection": detection, "check_every_s": every, "timeout_s": timeout,
+            "completed": [completes(i) for i in range(len(src))], "stopped": stopped}
+
+
+def _spread(columns, device: int, at: float, when_detected):
+    """How the failure of ``device`` at ``at`` spreads, to a fixed point: per node the time it
+    stops (``end``), why (``cause``: began, seen, transfer, peer, whether through a stopped
+    survivor) and ``completes(i)``, whether transfer i is delivered."""
+    src, dst, rnd, start, done = columns
     nodes = max([device] + src + dst) + 1
     order = sorted(range(len(src)), key=lambda i: start[i])
     end, stuck = [math.inf] * nodes, [math.inf] * nodes      # when each stops; the round it cannot finish
@@ -121,12 +144,12 @@ def failure(result, device: int, at: float, detection: str = "crash", check_ever
         for x in range(nodes):
             if x == device or stuck[x] == math.inf:
                 continue
-            r, seen, why = stuck[x], math.inf, None
-            for i in rounds[(x, r)]:
+            seen, why = math.inf, None
+            for i in rounds[(x, stuck[x])]:
                 if completes(i):
                     continue
                 y = dst[i] if src[i] == x else src[i]
-                if y == device or stuck[y] < r:        # the death, or a peer that never gets here
+                if y == device or stuck[y] < stuck[x]:   # the death, or a peer that never gets here
                     v, via = at, False
                 elif end[y] < math.inf:                  # a survivor that stopped: its frames flow until then
                     v, via = end[y], True
@@ -136,25 +159,12 @@ def failure(result, device: int, at: float, detection: str = "crash", check_ever
                     seen, why = v, (i, y, via)
             if why is None:
                 continue
-            began = start[rounds[(x, r)][0]]
-            when = detected(detection, every, timeout, began, seen)
+            began = start[rounds[(x, stuck[x])][0]]
+            when = when_detected(began, seen)
             if when < end[x]:
                 end[x], cause[x] = when, (began, seen) + why
                 changed = True
-    completed = [completes(i) for i in range(len(src))]
-    stopped = []
-    for x in range(nodes):
-        if x == device:
-            stopped.append({"node": x, "at_s": at, "died_s": at, "began_s": None, "seen_s": at, "waited_for": None,
-                            "message": "died: its process is gone" if detection == "crash" else
-                            "stalled: alive, but it no longer sends or receives"})
-        elif end[x] < math.inf:
-            began, seen, i, y, via = cause[x]
-            stopped.append({"node": x, "at_s": end[x], "died_s": at, "began_s": began, "seen_s": seen, "waited_for": y,
-                            "message": _message(detection, every, device, y, "receive from" if dst[i] == x else "send to",
-                                                via)})
-    return {"device": device, "at_s": at, "detection": detection, "check_every_s": every, "timeout_s": timeout,
-            "completed": completed, "stopped": stopped}
+    return end, cause, completes
 
 
 def _message(detection: str, every: float, device: int, peer: int, direction: str, via: bool) -> str:
