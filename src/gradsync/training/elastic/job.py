@@ -35,6 +35,9 @@ def check(workers: int, cfg: TrainConfig, min_workers: int, kill_every: float | 
     exact algorithm is needed).
     """
     cfg.check(workers)
+    if cfg.transport == "shm":
+        raise ConfigError("elastic training runs over Gloo (transport 'auto' or 'gloo'), got transport 'shm': a "
+                          "restart re-forms the group, and a shared segment's set-up would outlive its attempt")
     if cfg.algorithm not in algorithms.names(exact=True):
         raise ConfigError(f"--elastic needs an exact algorithm ({', '.join(algorithms.names(exact=True))}), got "
                           f"{cfg.algorithm!r}: recovery checks that replicas are bit-identical")
@@ -45,6 +48,16 @@ def check(workers: int, cfg: TrainConfig, min_workers: int, kill_every: float | 
     if kill_every is not None and (kill_every <= 0 or min_workers == workers):
         raise ConfigError(f"kill_every needs a positive number of seconds and min_workers < workers, got "
                           f"{kill_every!r} with min_workers {min_workers}")
+
+
+def over_gloo(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` as elastic training runs it: "auto" means Gloo here (every restart re-forms Gloo's
+    group from the agent's store, which outlives the attempts).
+
+    >>> over_gloo(TrainConfig()).transport
+    'gloo'
+    """
+    return dataclasses.replace(cfg, transport="gloo") if cfg.transport == "auto" else cfg
 
 
 def workers_per_machine(network) -> int:

@@ -23,7 +23,7 @@ import torch
 from ...errors import GradsyncError
 from ..train import TrainConfig
 from .agents import Agents, RendezvousStore
-from .job import CHECKPOINT, check, check_machines, prepare_run_directory, workers_per_machine
+from .job import CHECKPOINT, check, check_machines, over_gloo, prepare_run_directory, workers_per_machine
 
 
 def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_every: float | None = None,
@@ -49,6 +49,7 @@ def train(workers: int, cfg: TrainConfig, min_workers: int | None = None, kill_e
         result["final"]["step"], result["kills"][0]["recovered_s"]
     """
     min_workers = workers if min_workers is None else min_workers
+    cfg = over_gloo(cfg)
     check(workers, cfg, min_workers, kill_every)
     machines = check_machines(workers, min_workers, network, victims)
     if victims is not None:

@@ -24,7 +24,7 @@ from ...errors import GradsyncError
 from ...tools.launch import rendezvous_store
 from .. import data, models
 from ..train import SyncMeter
-from .job import CHECKPOINT, read_config
+from .job import CHECKPOINT, over_gloo, read_config
 
 
 def _state_digest(model, optimizer) -> bytes:
@@ -104,7 +104,7 @@ def worker(workdir: Path) -> None:
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    cfg = read_config(workdir)
+    cfg = over_gloo(read_config(workdir))          # "auto" is Gloo under the elastic agent
     rank, world = _join(workdir, cfg)
     split = data.digits(cfg.seed)
     model = models.build(cfg.model, cfg.seed)
