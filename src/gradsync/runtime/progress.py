@@ -13,14 +13,27 @@ groups a process keeps; an engine dropped there stops its thread.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 
 import torch
 
 from .state import group_state
 
 _STOP = object()
+JOIN_S = 2.0                     # how long closing waits for a thread to finish what it has queued
+_LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()     # engines with a thread, for the exit hook
+_hooked = []                     # the exit hook, registered at the first thread's start
+
+
+def _stop_all() -> None:
+    """At exit, before the interpreter kills daemon threads: stop every progress thread. A
+    thread killed while it runs torch's C++ (a future's completion) ends the process in
+    std::terminate ("terminate called without an active exception", exit code -6)."""
+    for engine in list(_LIVE):
+        engine.close()
 
 
 class Progress:
@@ -53,13 +66,22 @@ class Progress:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
                 self._thread.start()
+                _LIVE.add(self)
+                if not _hooked:
+                    _hooked.append(atexit.register(_stop_all))
         self._queue.put((job, future))
 
     def close(self) -> None:
-        """Stop the thread once its queue is done (the group was dropped from the state)."""
+        """Stop the thread once its queue is done (the group was dropped from the state, or the
+        process exits), waiting up to JOIN_S for it: a thread still alive when the interpreter
+        finalizes is killed wherever it is."""
         with self._lock:
-            if self._thread is not None:
+            thread = self._thread
+            if thread is not None and thread.is_alive() and self in _LIVE:
                 self._queue.put((_STOP, None))
+            _LIVE.discard(self)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_S)
 
     def _loop(self):
         while True:
