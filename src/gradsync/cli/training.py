@@ -75,8 +75,8 @@ def train(workers, algorithm, components, eps, epochs, batch_size, model, bucket
     from ..training.train import TrainConfig
 
     _check_train_args(workers, batch_size, plot, trace_path, elastic)
-    if transport == "auto" and (elastic or link_bandwidth):
-        transport = "gloo"      # emulated links are Gloo's sockets; an elastic restart re-forms Gloo's group
+    if transport == "auto" and link_bandwidth:
+        transport = "gloo"      # emulated links are Gloo's sockets (elastic training says "auto" is Gloo itself)
     cfg = TrainConfig(algorithm, components, eps, epochs, batch_size, model, bucket_mb, lr, resync_every, seed,
                       transport=transport, compression=codec)
     cfg.check(workers)

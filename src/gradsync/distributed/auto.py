@@ -107,13 +107,10 @@ def table(group) -> list[dict]:
             for kind, verdicts in sorted(group.auto_verdicts.items()) for i, choice in enumerate(verdicts)]
 
 
-def _key(group, kind: str) -> str:
-    """The cache key of ``kind`` on ``group``: the group's shape as its ranks found it (hosts
-    and ranks per host, never LOCAL_WORLD_SIZE, which is wrong for subgroups), its transport,
-    torch's version and how the verdicts were measured (``METHOD``)."""
-    from ..runtime.transport.hosts import host_map
-
-    found = host_map(group, group.timeout)
+def _key(group, kind: str, found) -> str:
+    """The cache key of ``kind`` on ``group``: the group's shape as its ranks found it
+    (``found``, its host map: hosts and ranks per host, never LOCAL_WORLD_SIZE, which is wrong
+    for subgroups), its transport, torch's version and how the verdicts were measured (``METHOD``)."""
     return (f"{kind}|size={group.size()}|hosts={found.hosts}|local={found.local_size()}"
             f"|over={group.schedule_transport()}|torch={torch.__version__}|{METHOD}")
 
@@ -123,9 +120,8 @@ def _verdicts(group, kind: str, trial) -> list[str]:
     else measured now and cached."""
     from ..runtime.transport.hosts import host_map
 
-    shared = group.schedule_transport() == "shm"
-    local = host_map(group, group.timeout).local_size()
-    key, names = _key(group, kind), ["engine"] + candidates(kind, group.size(), shared, local)
+    shared, found = group.schedule_transport() == "shm", host_map(group, group.timeout)
+    key, names = _key(group, kind, found), ["engine"] + candidates(kind, group.size(), shared, found.local_size())
     cached = _load().get(key)
     usable = cached is not None and all(v in names for v in cached)
     flags = torch.tensor([1 if usable else 0, len(cached) if usable else 0], dtype=torch.int64)

@@ -14,26 +14,26 @@ groups a process keeps; an engine dropped there stops its thread.
 from __future__ import annotations
 
 import atexit
+import functools
 import queue
 import threading
-import weakref
 
 import torch
 
-from .state import group_state
+from .state import STATE, group_state
 
 _STOP = object()
 JOIN_S = 2.0                     # how long closing waits for a thread to finish what it has queued
-_LIVE: "weakref.WeakSet[Progress]" = weakref.WeakSet()     # engines with a thread, for the exit hook
-_hooked = []                     # the exit hook, registered at the first thread's start
+SLOT = "progress"                # the group state's slot holding a group's engine
 
 
-def _stop_all() -> None:
-    """At exit, before the interpreter kills daemon threads: stop every progress thread. A
-    thread killed while it runs torch's C++ (a future's completion) ends the process in
-    std::terminate ("terminate called without an active exception", exit code -6)."""
-    for engine in list(_LIVE):
-        engine.close()
+@functools.cache
+def _stop_at_exit() -> None:
+    """Stop every group's progress thread when the process exits, before the interpreter kills
+    daemon threads: one killed while it runs torch's C++ (a future's completion) ends the process
+    in std::terminate ("terminate called without an active exception", exit code -6).
+    Registered by the first thread's start (once: the cache holds its one call), not at import."""
+    atexit.register(lambda: [engine.close() for engine in STATE.objects(SLOT)])
 
 
 class Progress:
@@ -50,6 +50,7 @@ class Progress:
         self._busy = 0                 # queued or running
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopping = False         # a stop is queued for the current thread
         self.running = threading.RLock()
 
     def busy(self) -> bool:
@@ -66,9 +67,8 @@ class Progress:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
                 self._thread.start()
-                _LIVE.add(self)
-                if not _hooked:
-                    _hooked.append(atexit.register(_stop_all))
+                self._stopping = False
+                _stop_at_exit()
         self._queue.put((job, future))
 
     def close(self) -> None:
@@ -77,9 +77,9 @@ class Progress:
         finalizes is killed wherever it is."""
         with self._lock:
             thread = self._thread
-            if thread is not None and thread.is_alive() and self in _LIVE:
+            if thread is not None and thread.is_alive() and not self._stopping:
                 self._queue.put((_STOP, None))
-            _LIVE.discard(self)
+                self._stopping = True
         if thread is not None and thread is not threading.current_thread():
             thread.join(JOIN_S)
 
@@ -98,7 +98,7 @@ class Progress:
 
 def progress_for(transport) -> Progress:
     """The progress engine of ``transport``'s group (its ``group_key``), made on first use."""
-    return group_state(transport.group_key).slot("progress", Progress)
+    return group_state(transport.group_key).slot(SLOT, Progress)
 
 
 def start(job, transport, inline: bool = False) -> torch.futures.Future:
