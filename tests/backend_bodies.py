@@ -15,7 +15,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import gradsync.distributed
-import gradsync.distributed.auto
 from gradsync.distributed import configure
 
 STEPS = 3
@@ -217,8 +216,9 @@ def everything(rank, workers, victim):
     started = time.monotonic()
     out["auto"] = compare_with_gloo(rank, workers)
     out["auto_seconds"] = time.monotonic() - started
-    out["verdicts"] = dict(dist.group.WORLD.auto_verdicts)
-    out["table"] = gradsync.distributed.auto.table(dist.group.WORLD)
+    out["table"] = gradsync.distributed.table(dist.group.WORLD)
+    out["verdicts"] = sorted({row["collective"] for row in out["table"]})
+    out["choices"] = [(row["collective"], row["bytes"], row["choice"]) for row in out["table"]]
     configure(**EXACT)
     out["ddp"] = _ddp(rank, workers)
     out["fsdp"] = _fsdp(rank, workers, False)
@@ -301,7 +301,9 @@ def two_emulated_hosts(rank, workers):
     from gradsync.runtime.transport.hosts import host_map
 
     local = host_map(group).local_size()
-    names = gradsync.distributed.auto.candidates("all_reduce", workers, group.schedule_transport() == "shm", local)
+    from gradsync.runtime import choice
+
+    names = choice.candidates(group.communicator(), "all_reduce")
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(workers * 1000, dtype=torch.float64, generator=g)
     diffs = {}
@@ -319,4 +321,80 @@ def two_emulated_hosts(rank, workers):
                 dist.all_gather_into_tensor(out, x[:1000].contiguous(), group=on)
             outs.append(out)
         diffs[kind] = (outs[0] - outs[1]).abs().max().item()
-    return {"local": local, "candidates": names, "over": group.schedule_transport(), "diffs": diffs}
+    return {"local": local, "candidates": names, "over": group.communicator().schedule_transport(), "diffs": diffs}
+
+
+def call_path(rank, workers):
+    """The gradsync modules one repeated ``dist.all_reduce`` passes through (hot path: after its
+    first call), recorded by a profile hook in every thread; and the same for ``gradsync.all_reduce``."""
+    import sys
+    import threading
+
+    import gradsync
+
+    gradsync_world(rank, workers)
+    out = {}
+    for name, call in (("backend", lambda t: dist.all_reduce(t)),
+                       ("front door", lambda t: gradsync.all_reduce(t, algorithm="auto"))):
+        t = torch.ones(1024)
+        for _ in range(3):
+            call(t)
+        seen = set()
+
+        def hook(frame, event, arg):
+            if event in ("call", "c_call"):
+                path = frame.f_code.co_filename
+                if "/gradsync/" in path:
+                    seen.add(path.split("/gradsync/", 1)[1])
+
+        dist.barrier()
+        threading.setprofile(hook)
+        sys.setprofile(hook)
+        try:
+            call(t)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+        out[name] = sorted(seen)
+    return out
+
+
+def failing_hook_under_ddp(rank, workers):
+    """DDP whose comm hook hands back gradsync's future of a failed collective (a peer's
+    failure, made here without one): backward must raise, with the failure's words, in C++
+    terms. A future that carried the error as its value crashed DDP's reducer (SIGSEGV) or
+    reached it as "Unable to cast ... to Tensor"."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gradsync.distributed.work import RankFailure, failed
+    from gradsync.runtime.pending import Done, Queued
+
+    out = {}
+    for name, make in (("done", lambda b: failed(RankFailure("rank 9 died", peer=9), [b.buffer()]).get_future()),
+                       ("queued", lambda b: _queued_failure(Queued)),
+                       ("backend work", lambda b: _work_of(Done(None, RankFailure("rank 9 died", peer=9)), b))):
+        model = DDP(nn.Linear(4, 4))
+        model.register_comm_hook(None, lambda state, bucket, make=make: make(bucket))
+        try:
+            model(torch.ones(2, 4)).sum().backward()
+            out[name] = "no error"
+        except RuntimeError as exc:
+            out[name] = str(exc)
+    return out
+
+
+def _queued_failure(queued):
+    import threading
+
+    from gradsync.distributed.work import RankFailure
+
+    inner = torch.futures.Future()
+    future = queued(inner).future()
+    threading.Timer(0.05, lambda: inner.set_exception(RankFailure("rank 9 died", peer=9))).start()
+    return future
+
+
+def _work_of(pending, bucket):
+    from gradsync.distributed.work import Work
+
+    return Work(pending, [bucket.buffer()]).get_future()

@@ -5,8 +5,9 @@ Training code that calls torch.distributed (DDP, FSDP2's ``fully_shard``, Device
 tells torch.distributed the name "gradsync" (CPU tensors; with "cpu:gradsync,cuda:nccl" CUDA
 tensors go to NCCL); ``install()`` does it as soon as torch.distributed is imported, and costs
 nothing before (gradsync itself works without torch). ``configure`` sets which algorithm each
-collective uses (``config``); ``group.GradsyncGroup`` is the process group, ``route`` the one
-place that decides how each collective runs.
+collective uses (``config``); ``group.GradsyncGroup`` is the process group, which forwards
+each typed call to its communicator (``gradsync.runtime.communicator``); ``table(group)`` shows
+what ``auto`` measured and chose there.
 
 Example, in each rank under torchrun::
 
@@ -82,6 +83,20 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def table(group=None) -> list[dict]:
+    """What ``auto`` measured on a gradsync group and chose, one row per collective and size
+    ({"collective", "bytes", "choice", "seconds": {candidate: median}}): the table behind each
+    verdict. Example, in each rank after a training step: ``table()[0]["choice"]``.
+    """
+    import torch.distributed as dist
+
+    from ..runtime import choice
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    comm = pg.communicator() if callable(getattr(pg, "communicator", None)) else None
+    return [] if comm is None else choice.table(comm)
+
+
 def __getattr__(name):
     """``RankFailure`` (the error a dead rank gives) loads torch, so it is imported on first use."""
     if name == "RankFailure":
@@ -90,4 +105,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NAME", "RankFailure", "configure", "current", "install", "register", "trace"]
+__all__ = ["NAME", "RankFailure", "configure", "current", "install", "register", "table", "trace"]

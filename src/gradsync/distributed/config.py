@@ -4,10 +4,10 @@ A choice is "auto" (the default: a quick measurement of this machine decides per
 gradsync's best schedule and the engine's own collective), "engine" (always the underlying
 engine: Gloo on CPU), "one_host" (the shared-buffer collectives, every rank on one host), or
 an algorithm of the registry that can give the collective (a ring reduce-scatter is the
-ring's REDUCE half). Set it with ``configure`` or the environment
-variable GRADSYNC_ALGORITHMS ("all_reduce=ring,reduce_scatter=sharded"), checked when a group
-is created and read at each collective; a bad value is a ``ConfigError``, naming it and what
-is allowed. ``transport`` says what the schedules' messages travel over: "gloo" (the engine's
+ring's REDUCE half). Set it with ``configure`` (taking effect at every group's next call) or
+the environment variable GRADSYNC_ALGORITHMS ("all_reduce=ring,reduce_scatter=sharded"), read
+and checked when a group is created; a bad value is a ``ConfigError``, naming it and what is
+allowed. ``transport`` says what the schedules' messages travel over: "gloo" (the engine's
 send and receive), "shm" (shared memory; every rank of the group on one host) or "auto" (the
 default: shared memory when the group's ranks share one host and can map a segment together,
 else the engine's send and receive).
@@ -35,7 +35,8 @@ PROBE_WORKERS = (2, 4)       # an algorithm is accepted if its halves give the c
 
 _lock = threading.Lock()
 _choices: dict[str, str] = {}        # kind -> choice, set by configure (the environment fills the rest)
-_trace: list = [None]                # the one gradsync.runtime.tracing.Trace the schedules record into, or None
+VERSION = [0]                        # configure's calls so far: a group re-reads its choices when it moves
+TRACE: list = [None]                 # the one gradsync.runtime.tracing.Trace the schedules record into, or None
 
 
 def allowed(kind: str) -> tuple[str, ...]:
@@ -124,7 +125,13 @@ def configure(**choices) -> dict[str, str]:
                 _choices.pop(k, None)
             else:
                 _choices[k] = v
+        VERSION[0] += 1
     return current()
+
+
+def version() -> int:
+    """How many times ``configure`` has changed the choices (a group caches them by it)."""
+    return VERSION[0]
 
 
 def trace(record=False):
@@ -137,8 +144,8 @@ def trace(record=False):
     if record is not False:
         if record is not None and not callable(getattr(record, "begin", None)):
             raise ConfigError(f"trace must be a gradsync.runtime.tracing.Trace or None, got {record!r}")
-        _trace[0] = record
-    return _trace[0]
+        TRACE[0] = record
+    return TRACE[0]
 
 
 def current() -> dict[str, str]:

@@ -1,10 +1,19 @@
-"""``GradsyncGroup``: a ``torch.distributed.ProcessGroup`` whose collectives run gradsync's schedules.
+"""``GradsyncGroup``: a ``torch.distributed.ProcessGroup`` whose collectives run through gradsync's
+communicator.
 
-torch.distributed calls its methods (``allreduce``, ``reduce_scatter_single``, ...) with its
-own tensors and options; each becomes one ``route.Call`` and goes through ``route.route``, the
-one place that decides how it runs. Underneath lies the engine, a Gloo backend on the same
-store (and NCCL for CUDA tensors where there is one): gradsync's own messages travel over its
-send and receive, and what the schedules do not express runs on it directly.
+torch calls its typed methods (``allreduce``, ``reduce_scatter_single``, ...) with its own
+tensors and options; each method forwards the call as it came, typed, to the group's
+``runtime.communicator.Communicator`` (``all_reduce``, ``reduce_scatter``, ``all_gather``,
+``broadcast``, ``barrier``), which chooses and runs it. Underneath lies the engine, a Gloo
+backend on the same store (and NCCL for CUDA tensors where there is one): gradsync's own
+messages travel over its send and receive, and it is one of the candidates the choice weighs.
+
+Whatever the communicator has no reason to run differently from Gloo goes to the engine with
+torch's own arguments, so that it behaves exactly as Gloo does, errors and futures included:
+the other forms of a call torch's bindings accept (a bare tensor, an op instead of options),
+several tensors in one call, lists of unequal tensors, sparse, meta, CUDA and empty tensors,
+out-of-range roots, and the collectives gradsync has no schedule for (all_to_all, gather,
+scatter, reduce, coalesced all-reduce, send and receive).
 
 The engine is also registered as the group's CPU backend: ``ProcessGroup`` keeps its name
 there, and DeviceMesh, FSDP2 and the functional collectives read ``group_name`` (with no
@@ -16,14 +25,38 @@ from __future__ import annotations
 
 import datetime
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
 
+from ..runtime.engines import TorchEngine
+from ..runtime.flight import RECORDER
+from ..runtime.transport.base import group_key
 from . import config
-from .route import Call, route
+from .work import EngineWork, Joined, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
+INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
+# torch's ReduceOp by its hash (its enum value): an options object's ``reduceOp`` is a ReduceOp
+# object that equals the RedOpType constants but does not find them as dict keys
+OPS = {hash(getattr(dist.ReduceOp, name.upper())): name
+       for name in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")}
+_AllreduceOptions, _BroadcastOptions = dist.AllreduceOptions, dist.BroadcastOptions
+_ReduceScatterOptions, _AllgatherOptions = dist.ReduceScatterOptions, dist.distributed_c10d.AllgatherOptions
+
+
+def _plain(t) -> bool:
+    """A dense, non-empty CPU tensor: what gradsync's paths take (anything else: the engine)."""
+    return type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and t.numel() > 0
+
+
+def _with(options, **fields):
+    opts = options()
+    for key, value in fields.items():
+        if value is not None:
+            setattr(opts, key, value)
+    return opts
 
 
 class GradsyncGroup(dist.ProcessGroup):
@@ -34,20 +67,20 @@ class GradsyncGroup(dist.ProcessGroup):
         rank, size: this process's rank in the group and the group's size.
         timeout: the group's timeout; a dead or stalled peer fails a collective within it.
         choices: kind -> "auto", "engine" or an algorithm; by default the process's choices as
-            ``configure`` and GRADSYNC_ALGORITHMS set them, read at each collective (a bad
-            GRADSYNC_ALGORITHMS fails here, at the group's creation).
+            ``configure`` and GRADSYNC_ALGORITHMS set them (a bad GRADSYNC_ALGORITHMS fails
+            here, at the group's creation; ``configure`` takes effect at the next call).
 
     Example, in each rank (after ``import gradsync.distributed``)::
 
         dist.init_process_group("gradsync")                  # or "cpu:gradsync,cuda:nccl"
-        dist.all_reduce(torch.ones(4))                        # a gradsync schedule
+        dist.all_reduce(torch.ones(4))                        # gradsync's choice of how
     """
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, choices: dict | None = None):
         super().__init__(rank, size)
         self.timeout = timeout.total_seconds()
-        config.current()                   # a bad GRADSYNC_ALGORITHMS is refused now, not mid-training
-        self._choices = None if choices is None else {k: config.check(k, v) for k, v in choices.items()}
+        self._fixed = None if choices is None else {k: config.check(k, v) for k, v in choices.items()}
+        self._choices, self._version = self._read_choices(), config.version()
         self._store = store
         # under torchrun's elastic agent the store outlives a restart: the keys of a dead attempt's
         # engine must not be read by the next one (they name listeners that are gone)
@@ -59,36 +92,75 @@ class GradsyncGroup(dist.ProcessGroup):
             nccl = dist.ProcessGroupNCCL(dist.PrefixStore(f"gradsync/nccl/{attempt}/", store), rank, size)
             self.engines["cuda"] = nccl
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
-        self._over = None                  # "auto" transport, once settled (schedule_transport)
-        self.key = None                    # its key in runtime.state, once torch has registered it
-        self.auto_verdicts: dict = {}      # kind -> verdict per size, measured at first use (auto.py)
+        self._comm = None                  # the communicator, made at the first collective (torch knows the group by then)
         self.closed = False
+
+    # --- choices and the communicator ----------------------------------------------------------
+
+    def _read_choices(self) -> dict:
+        current = config.current()        # a bad GRADSYNC_ALGORITHMS is refused here, not mid-training
+        return current if self._fixed is None else {**current, **self._fixed}
 
     @property
     def choices(self) -> dict:
-        """kind -> its choice now ("auto", "engine" or an algorithm)."""
-        return config.current() if self._choices is None else {**config.current(), **self._choices}
+        """kind -> its choice now ("auto", "engine", "one_host" or an algorithm)."""
+        if self._version != config.VERSION[0]:        # read, not called: the hot path's one look at config
+            self._choices, self._version = self._read_choices(), config.VERSION[0]
+        return self._choices
 
-    def schedule_transport(self) -> str:
-        """What the schedules' messages travel over now: "gloo" or "shm". The choice "auto" is
-        settled once per group, by every rank together at its first schedule (shared memory
-        if the ranks share one host and can all map a segment: the same answer on every rank)."""
-        choice = self.choices["transport"]
-        if choice != "auto":
-            return choice
-        if self._over is None:
-            from ..runtime.transport import shared_group
+    def communicator(self):
+        """The group's communicator (made at its first collective)."""
+        comm = self._comm
+        if comm is None:
+            if self.closed:
+                raise dist.DistBackendError(f"the gradsync process group {self.group_name} was shut down or aborted")
+            from ..runtime.communicator import Communicator
 
-            if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-                self._over = "gloo"    # a restarted attempt: the dead one's set-up keys are still in the store
-            else:
-                self._over = "gloo" if isinstance(shared_group(self, self.timeout), str) else "shm"
-        return self._over
+            comm = self._comm = Communicator(self, TorchEngine(self.engines["cpu"]), self.timeout,
+                                             self.choices["transport"])
+        return comm
+
+    def _run(self, kind: str, call, tensors: tuple, nbytes: int, result):
+        """Run a typed call on the communicator; torch's ``Work`` for it."""
+        comm = self._comm or self.communicator()
+        comm.trace = config.TRACE[0]
+        choices = self._choices if self._version == config.VERSION[0] else self.choices
+        algorithm = choices[kind]
+        try:
+            out = call(comm, algorithm, nbytes > INLINE_MAX)
+        except BaseException as exc:         # refused at once, or the group had failed: torch's error
+            raise in_torch_terms(exc) from None
+        return Work(out if not isinstance(out, (torch.Tensor, type(None))) else None, result)
 
     def engine(self, device: torch.device):
         """The engine backend for tensors on ``device`` (Gloo for CPU, NCCL for CUDA)."""
         kind = device.type if device.type in self.engines else "cpu"
         return self.engines[kind]
+
+    def _engine(self, method: str, tensor, *args):
+        """torch's call as it came, on the engine (exactly Gloo's behaviour, its failures named),
+        recorded in the flight recorder as "engine:<name>/<collective>"."""
+        engine = self.engine(tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"))
+        work = getattr(engine, method)(*args)
+        if engine is not self.engines["cpu"]:      # NCCL orders streams in its own Work: keep it
+            return work
+        kind = _COLLECTIVE.get(method, method)
+        entry = None
+        if self._comm is not None or not self.closed:
+            tensor = tensor if isinstance(tensor, torch.Tensor) else None
+            entry = RECORDER.begin(self._key(), self.rank(), self.size(), f"engine:gloo/{kind}",
+                                   0 if tensor is None else tensor.numel(), 1 if tensor is None else tensor.element_size(),
+                                   None if tensor is None else tensor.dtype)
+        return EngineWork(work, weakref.ref(self), f"gloo's {kind}", entry)
+
+    def _key(self) -> str:
+        comm = self._comm
+        if comm is not None:
+            return comm.key
+        try:
+            return group_key(self)
+        except (RuntimeError, ValueError):         # not registered in torch's world (yet)
+            return "torch/unregistered"
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -97,82 +169,151 @@ class GradsyncGroup(dist.ProcessGroup):
     def _device_types(self):
         return [torch.device(d) for d in self.engines]
 
-    # --- collectives gradsync's schedules run (when routed so) -------------------------------
-    def allreduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        return route(self, Call("all_reduce", tensors, tensors, opts, op=opts.reduceOp))
+    # --- the collectives gradsync runs -------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None, op=None, timeout=None):
+        if type(opts) is not _AllreduceOptions or type(tensors) is not list:      # torch's other forms
+            tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+            opts = opts if isinstance(opts, _AllreduceOptions) else \
+                _with(_AllreduceOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
+        if len(tensors) != 1 or not _plain(tensors[0]):
+            return self._engine("allreduce", tensors[0] if tensors else None, tensors, opts)
+        if self.size() == 1 and not self.closed:      # every op of one rank is the tensor itself
+            return Work(None, tensors)
+        t, name = tensors[0], OPS.get(hash(opts.reduceOp))
+        if name is None:                   # PREMUL_SUM and ops to come: the engine's
+            return self._engine("allreduce", t, tensors, opts)
+        return self._run("all_reduce", lambda c, a, q: c.all_reduce(t, name, a, q), tensors,
+                         t.numel() * t.element_size(), tensors)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return route(self, Call("reduce_scatter", [output], [input], opts, op=opts.reduceOp))
+        opts = opts if opts is not None else _ReduceScatterOptions()
+        name = OPS.get(hash(opts.reduceOp))
+        if not (_plain(output) and _plain(input)) or name is None or output.dtype != input.dtype \
+                or input.numel() != output.numel() * self.size() or self.size() == 1:
+            return self._engine("_reduce_scatter_base", output, output, input, opts)
+        return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
+                         (output, input), input.numel() * input.element_size(), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return route(self, Call("reduce_scatter_list", outputs, input_lists, opts, op=opts.reduceOp))
+    def reduce_scatter(self, outputs, input_lists, opts=None, op=None, timeout=None):
+        if isinstance(outputs, torch.Tensor):          # reduce_scatter(output, [inputs], op)
+            outputs, input_lists = [outputs], [input_lists]
+            opts = _with(_ReduceScatterOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
+        opts = opts if opts is not None else _ReduceScatterOptions()
+        name = OPS.get(hash(opts.reduceOp))
+        if len(outputs) != 1 or len(input_lists) != 1 or name is None or not _even(outputs[0], input_lists[0],
+                                                                                  self.size()):
+            return self._engine("reduce_scatter", outputs[0] if outputs else None, outputs, input_lists, opts)
+        out, whole = outputs[0], torch.cat([x.reshape(-1) for x in input_lists[0]])
+        return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(out, whole, name, a, q),
+                         (out, whole), whole.numel() * whole.element_size(), outputs)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return route(self, Call("reduce_scatter", outputs, inputs, opts, op=opts.reduceOp))
+        """Each pair's reduce-scatter, in order (Gloo has no coalesced form of it)."""
+        return Joined([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_gather_single(self, output, input, opts=None):
-        return route(self, Call("all_gather", [output], [input], opts))
+        opts = opts if opts is not None else _AllgatherOptions()
+        if not (_plain(output) and _plain(input)) or output.dtype != input.dtype \
+                or output.numel() != input.numel() * self.size() or self.size() == 1:
+            return self._engine("_allgather_base", output, output, input, opts)
+        return self._run("all_gather", lambda c, a, q: c.all_gather(output, input, a, q), (output, input),
+                         output.numel() * output.element_size(), [output])
 
     _allgather_base = all_gather_single
 
-    def allgather(self, output_lists, inputs, opts=None):
-        return route(self, Call("all_gather_list", output_lists, inputs, opts))
+    def allgather(self, output_lists, inputs, opts=None, timeout=None):
+        if isinstance(inputs, torch.Tensor):            # allgather([outputs], input)
+            output_lists, inputs = [output_lists], [inputs]
+            opts = _with(_AllgatherOptions, timeout=timeout)
+        opts = opts if opts is not None else _AllgatherOptions()
+        if len(inputs) != 1 or len(output_lists) != 1 or not _even(inputs[0], output_lists[0], self.size()):
+            return self._engine("allgather", inputs[0] if inputs else None, output_lists, inputs, opts)
+        inp, outs = inputs[0], output_lists[0]
+        flat = torch.empty(inp.numel() * len(outs), dtype=inp.dtype)
+
+        def gather(c, a, q):
+            out = c.all_gather(flat, inp, a, q)
+            if out is None or isinstance(out, torch.Tensor):     # done: hand each rank's part out now
+                _scatter_into(outs, flat)
+                return out
+            return Then(out, lambda: _scatter_into(outs, flat))
+
+        return self._run("all_gather", gather, (flat, inp), flat.numel() * flat.element_size(), outs)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return route(self, Call("all_gather", outputs, inputs, opts))
+        """Each pair's all-gather, in order (Gloo has no coalesced form of it)."""
+        return Joined([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def broadcast(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
-        return route(self, Call("broadcast", tensors, tensors, opts, root=opts.rootRank))
+    def broadcast(self, tensors, opts=None, root=None, timeout=None):
+        if type(opts) is not _BroadcastOptions:         # broadcast(tensor, root)
+            tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+            opts = _with(_BroadcastOptions, rootRank=opts if opts is not None else root, timeout=timeout)
+        root = opts.rootRank
+        if len(tensors) != 1 or not _plain(tensors[0]) or not 0 <= root < self.size() or self.size() == 1:
+            return self._engine("broadcast", tensors[0] if tensors else None, tensors, opts)
+        t = tensors[0]
+        return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
+                         t.numel() * t.element_size(), tensors)
 
     def barrier(self, opts=None):
-        return route(self, Call("barrier", [], [], opts if opts is not None else dist.BarrierOptions()))
+        opts = opts if opts is not None else dist.BarrierOptions()
+        if self.size() == 1:
+            return self._engine("barrier", None, opts)
+        return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None)
 
     # --- collectives the engine runs ---------------------------------------------------------
+
     def allreduce_coalesced(self, tensors, opts=None):
-        return route(self, Call("engine", tensors, tensors, opts, method="allreduce_coalesced"))
+        return self._engine("allreduce_coalesced", tensors[0] if tensors else None, tensors,
+                            opts if opts is not None else dist.AllreduceCoalescedOptions())
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
-        return route(self, Call("engine", [output], [input], opts, method="alltoall_base",
-                                extra=(output_splits, input_splits)))
+        return self._engine("alltoall_base", output, output, input, output_splits, input_splits,
+                            opts if opts is not None else dist.AllToAllOptions())
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs, inputs, opts=None):
-        return route(self, Call("engine", outputs, inputs, opts, method="alltoall"))
+        return self._engine("alltoall", outputs[0] if outputs else None, outputs, inputs,
+                            opts if opts is not None else dist.AllToAllOptions())
 
-    def send(self, tensors, dst: int, tag: int):
+    def send(self, tensors, dst: int, tag: int = 0):
         return self.engine(tensors[0].device).send(tensors, dst, tag)
 
-    def recv(self, tensors, src: int, tag: int):
+    def recv(self, tensors, src: int, tag: int = 0):
         return self.engine(tensors[0].device).recv(tensors, src, tag)
 
-    def recv_anysource(self, tensors, tag: int):
+    def recv_anysource(self, tensors, tag: int = 0):
         return self.engine(tensors[0].device).recv_anysource(tensors, tag)
 
     def gather(self, outputs, inputs, opts=None):
-        return route(self, Call("engine", outputs, inputs, opts, method="gather"))
+        return self._engine("gather", inputs[0] if inputs else None, outputs, inputs,
+                            opts if opts is not None else dist.GatherOptions())
 
     def scatter(self, outputs, inputs, opts=None):
-        return route(self, Call("engine", outputs, inputs, opts, method="scatter"))
+        return self._engine("scatter", outputs[0] if outputs else None, outputs, inputs,
+                            opts if opts is not None else dist.ScatterOptions())
 
     def reduce(self, tensors, opts=None):
-        return route(self, Call("engine", tensors, tensors, opts, method="reduce"))
+        return self._engine("reduce", tensors[0] if tensors else None, tensors,
+                            opts if opts is not None else dist.ReduceOptions())
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """Gloo's monitored barrier, on the engine: every rank reports to rank 0, which names
+        the ranks that did not (``dist.monitored_barrier`` itself refuses any backend but Gloo:
+        call this method on the group)."""
+        timeout = timeout if timeout is not None else datetime.timedelta(seconds=self.timeout)
         return self.engines["cpu"].monitored_barrier(timeout, wait_all_ranks)
 
     # --- ending ------------------------------------------------------------------------------
+
     def abort(self) -> None:
         """Abort the engines' pending operations: collectives waiting on them fail at once."""
         self._end("abort")
@@ -185,13 +326,9 @@ class GradsyncGroup(dist.ProcessGroup):
         if self.closed:
             return
         self.closed = True
-        from ..runtime.state import STATE
-        from ..runtime.transport.base import group_key
-
-        try:                                 # the progress thread and whatever else the runtime kept
-            STATE.forget(self.key or group_key(self))
-        except (RuntimeError, ValueError):   # torch has unregistered it already: nothing was kept
-            pass
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.abandon(f"the gradsync process group was {'aborted' if how == 'abort' else 'shut down'}")
         for engine in self.engines.values():
             end = getattr(engine, how, None) or getattr(engine, "abort", None)
             if end is not None:
@@ -199,6 +336,32 @@ class GradsyncGroup(dist.ProcessGroup):
                     end()
                 except RuntimeError:          # an engine that cannot abort (Gloo before 2.6): its
                     pass                      # sockets close when it is freed
+        if comm is not None:
+            comm.close()
+        from ..runtime.state import STATE
+
+        try:                                 # what else the runtime kept for the group (its host map)
+            STATE.forget(comm.key if comm is not None else group_key(self))
+        except (RuntimeError, ValueError):   # torch has unregistered it already: nothing was kept
+            pass
+
+
+_COLLECTIVE = {"allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+               "_allgather_base": "all_gather", "allgather": "all_gather", "alltoall_base": "alltoall",
+               "allreduce_coalesced": "all_reduce_coalesced", "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced",
+               "allgather_into_tensor_coalesced": "all_gather_coalesced"}
+
+
+def _even(one, many, size: int) -> bool:
+    """One plain tensor beside ``size`` plain tensors of its shape and dtype (a list call gradsync takes)."""
+    return len(many) == size and _plain(one) and all(
+        _plain(x) and x.dtype == one.dtype and x.shape == one.shape and x.is_contiguous() for x in many) \
+        and one.is_contiguous() and size > 1
+
+
+def _scatter_into(outs, flat) -> None:
+    for o, part in zip(outs, flat.chunk(len(outs))):
+        o.copy_(part.view(o.shape))
 
 
 def create(opts, backend_options=None) -> GradsyncGroup:

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import PeerError
+from ..runtime.flight import RECORDER
+from ..runtime.pending import Done, Pending, done_future, failing_future
 
 
 class RankFailure(PeerError, dist.DistBackendError):
@@ -33,128 +35,167 @@ def in_torch_terms(exc: BaseException) -> BaseException:
 
 
 class Work(dist.Work):
-    """The ``Work`` of a collective run by gradsync: ``wait()`` blocks until it is done and
-    raises its ``RankFailure``; ``get_future()`` is completed with ``result`` (what torch's own
-    backends complete theirs with: the output tensors). ``translate(error)`` turns a failure
-    into the error handed on (``in_torch_terms`` by default).
+    """The ``Work`` of a collective of a gradsync group: ``wait()`` blocks until it is done and
+    raises its error in torch's terms; ``get_future()`` is completed with ``result`` (what
+    torch's own backends complete theirs with: the output tensors), or fails so that C++ readers
+    (DDP's reducer) see an error too. ``pending`` is the collective's ``runtime.pending.Pending``
+    (None: it has ended well).
 
-    >>> f = torch.futures.Future(); w = Work(f, [torch.ones(1)]); f.set_result(None); w.wait()
-    True
+    >>> w = Work(None, [torch.ones(1)]); w.wait(), w.is_completed(), w.get_future().value()[0].tolist()
+    (True, True, [1.0])
     """
 
-    def __init__(self, future: torch.futures.Future, result, translate=in_torch_terms):
+    def __init__(self, pending: Pending | None, result):
         super().__init__()
-        self._future = torch.futures.Future()
-        self._result, self._translate = result, translate
-        future.add_done_callback(self._done)
-
-    def _done(self, inner: torch.futures.Future) -> None:
-        try:
-            inner.value()
-        except BaseException as exc:       # carried to whoever waits, as torch's error
-            self._future.set_exception(self._translate(exc))
-            return
-        self._future.set_result(self._result)
+        self._pending, self._result = pending, result
 
     def wait(self, timeout=None) -> bool:
-        self._future.wait()
+        if self._pending is not None:
+            try:
+                self._pending.wait()
+            except BaseException as exc:
+                raise in_torch_terms(exc) from None
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
-
-    def is_success(self) -> bool:
-        if not self._future.done():
-            return False
-        try:
-            self._future.value()
-            return True
-        except BaseException:
-            return False
-
-    def exception(self):
-        try:
-            self._future.value()
-            return None
-        except BaseException as exc:
-            return exc
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-
-def done(result) -> Work:
-    """A ``Work`` already complete with ``result`` (a one-rank group's collective).
-
-    >>> done([]).is_completed()
-    True
-    """
-    future = torch.futures.Future()
-    future.set_result(None)
-    return Work(future, result)
-
-
-class EngineWork(dist.Work):
-    """The ``Work`` of a collective the engine runs on CPU tensors: ``wait()`` waits on the
-    engine's own Work in the caller's thread and raises ``translate(error)``; ``ended(error or
-    None)`` is called once, by whoever first sees the end (``wait``, ``exception``, the future
-    ``get_future`` builds when asked). No callback runs on the engine's thread: on shared cores
-    each hop through one costs a thread wake-up, about as long as a 4 KB collective.
-
-    >>> class Done:
-    ...     def wait(self): return True
-    ...     def is_completed(self): return True
-    >>> EngineWork(Done(), [torch.ones(1)], lambda e: e, ended=print).wait()
-    None
-    True
-    """
-
-    def __init__(self, inner, result, translate=in_torch_terms, ended=None):
-        super().__init__()
-        self._inner, self._result, self._translate = inner, result, translate
-        self._ended, self._future = ended, None
-
-    def _end(self, exc) -> None:
-        ended, self._ended = self._ended, None
-        if ended is not None:
-            ended(exc)
-
-    def wait(self, timeout=None) -> bool:
-        try:
-            self._inner.wait()
-        except BaseException as exc:        # torch's own error, said as gradsync says it
-            self._end(exc)
-            raise self._translate(exc) from None
-        self._end(None)
-        return True
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
+        return self._pending is None or self._pending.done()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
 
     def exception(self):
-        if not self._inner.is_completed():
-            return None
-        try:
-            self.wait()
-            return None
-        except BaseException as exc:
-            return exc
+        error = None if self._pending is None else self._pending.error()
+        return None if error is None else in_torch_terms(error)
+
+    def result(self):
+        self.wait()
+        return self._result
 
     def get_future(self) -> torch.futures.Future:
-        if self._future is None:
-            inner = self._inner.get_future()
-            inner.add_done_callback(lambda f: self._end(error_of(f)))
-            self._future = Work(inner, self._result, self._translate).get_future()
-        return self._future
+        if self._pending is None:
+            return done_future(self._result)
+        if self._pending.done():
+            error = self.exception()
+            return failing_future(error) if error is not None else done_future(self._result)
+        return self._pending.future(self._result, in_torch_terms)
 
 
-def error_of(future: torch.futures.Future):
-    """The error a completed ``future`` ended with, or None."""
-    try:
-        future.value()
-    except BaseException as exc:
-        return exc
-    return None
+def failed(error: BaseException, result) -> Work:
+    """A ``Work`` that has ended with ``error`` (a collective refused at once, or after a failure)."""
+    return Work(Done(None, in_torch_terms(error)), result)
+
+
+class Then:
+    """A ``Pending`` that runs ``after()`` once its inner one has ended well."""
+
+    __slots__ = ("inner", "after", "_ran")
+
+    def __init__(self, inner, after):
+        self.inner, self.after, self._ran = inner, after, False
+
+    def wait(self):
+        out = self.inner.wait()
+        if not self._ran:
+            self._ran = True
+            self.after()
+        return out
+
+    def done(self):
+        return self.inner.done()
+
+    def error(self):
+        return self.inner.error()
+
+    def future(self, value=None, translate=None):
+        inner = self.inner.future(value, translate)
+
+        def settle(f):
+            f.value()
+            self.wait()
+            return f.value()
+
+        return inner.then(settle)
+
+
+class Joined(dist.Work):
+    """One ``Work`` for several, done when all are (the first error, if any), its future
+    completed with ``result``."""
+
+    def __init__(self, works: list, result):
+        super().__init__()
+        self._works, self._result = works, result
+
+    def wait(self, timeout=None) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        return next((e for e in (w.exception() for w in self._works) if e is not None), None)
+
+    def get_future(self) -> torch.futures.Future:
+        result = self._result
+
+        def settle(f):
+            for each in f.value():
+                each.value()                # raises the first failure, in C++ terms
+            return result
+
+        return torch.futures.collect_all([w.get_future() for w in self._works]).then(settle)
+
+
+class EngineWork(dist.Work):
+    """The engine's own ``Work`` for a call it runs as it came: its results and future exactly
+    Gloo's; ``wait()`` names the failed rank as a ``RankFailure`` (Gloo says only that a
+    connection closed) and ends its flight recorder ``entry``."""
+
+    def __init__(self, work, group_ref, what: str, entry=None):
+        super().__init__()
+        self._inner, self._group, self._what, self._entry = work, group_ref, what, entry
+
+    def wait(self, timeout=None) -> bool:
+        try:
+            out = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        except BaseException as exc:
+            error = self._named(exc)
+            self._ended(error)
+            raise error from None
+        self._ended(None)
+        return out
+
+    def _ended(self, error) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            RECORDER.end(entry, error)
+
+    def _named(self, exc):
+        group = self._group()
+        if group is None:
+            return in_torch_terms(exc)
+        from ..runtime.transport.distributed import named_failure
+
+        return in_torch_terms(named_failure(group, self._what, exc))
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def result(self):
+        return self._inner.result()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._inner.get_future()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()

@@ -1,20 +1,27 @@
 """``gradsync.all_reduce``: any gradsync algorithm, in place, between real processes.
 
-The front door, and only that: check the whole call (``request.Request.checked``), then build
-the transport and the collective (``prepare.build``) and start it. Nothing here is called back.
+The front door, and only that: check the whole call once (``request.Request.checked``; a call
+repeated with the same kind of tensor and arguments is not checked again), then hand it to the
+group's communicator (``communicator``), which chooses, plans and runs it. A call with what only
+a schedule's own executor offers (compression, a trace, a stall warning, a finiteness check,
+an algorithm's options, CUDA tensors) is built here over its transport (``prepare.build``).
+Nothing here is called back.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import torch
+import torch.distributed as dist
 
 from . import flight
+from .communicator import communicator_for
 from .compressed import CompressedAllReduce
+from .pending import Pending
 from .prepare import build
-from .request import Request, check_initialized, recipe_key
-from .state import STATE
+from .request import Request, check_initialized
 from .transport import for_group
 
 
@@ -28,19 +35,45 @@ class Work:
         work.wait()              # grad now holds the sum (PeerError if a peer failed)
     """
 
-    def __init__(self, future: torch.futures.Future):
-        self._future = future
+    def __init__(self, pending):
+        self._pending = pending if isinstance(pending, Pending) else _Wrapped(pending)
 
     def wait(self) -> torch.Tensor:
         """Block until done; return the tensor, or raise the collective's error."""
-        return self._future.wait()
+        return self._pending.wait()
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._pending.done()
 
     def get_future(self) -> torch.futures.Future:
-        """The future of the result tensor (what a DDP communication hook returns)."""
-        return self._future
+        """The future of the result tensor (what a DDP communication hook returns); it fails, for
+        C++ readers too, with the collective's error."""
+        return self._pending.future()
+
+
+class _Wrapped(Pending):
+    """A ``Pending`` over a future a schedule's collective completes."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: torch.futures.Future):
+        self.inner = inner
+
+    def wait(self):
+        return self.inner.wait()
+
+    def done(self) -> bool:
+        return self.inner.done()
+
+    def error(self):
+        from .pending import Queued
+
+        return Queued(self.inner).error()
+
+    def future(self, value=None, translate=None):
+        from .pending import Queued
+
+        return Queued(self.inner).future(value, translate)
 
 
 def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", group=None,
@@ -82,28 +115,67 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
         gradsync.all_reduce(grad, algorithm="halving_doubling", op="avg")
         work = gradsync.all_reduce(grad, algorithm="ring", async_op=True); work.wait()
     """
-    key = recipe_key(tensor, algorithm, op, group, timeout, check, transport, options) \
-        if compression is None and trace is None and stall_warning is None and not check_finite else None
-    recipe = STATE.recipe(key) if key is not None else None
-    if recipe is not None and recipe.usable():      # this very call was checked before
-        flight.watch_signal()
-        return Work(recipe.start(tensor)) if async_op else recipe.run(tensor)
-    request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
-                              check_finite=check_finite, trace=trace, stall_warning=stall_warning,
-                              transport=transport, compression=compression, compression_key=compression_key)
-    check_initialized()
-    flight.watch_signal()               # SIGUSR1 dumps the flight record, if GRADSYNC_FLIGHT_DIR is set
+    plain = compression is None and trace is None and stall_warning is None and not check_finite and check \
+        and not options
+    key = _call_key(tensor, algorithm, op, group, timeout, transport) if plain else None
+    comm = _CHECKED.get(key) if key is not None else None
+    if comm is None:                     # the first call of its kind: check it whole
+        request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
+                                  check_finite=check_finite, trace=trace, stall_warning=stall_warning,
+                                  transport=transport, compression=compression, compression_key=compression_key)
+        check_initialized()
+        flight.watch_signal()           # SIGUSR1 dumps the flight record, if GRADSYNC_FLIGHT_DIR is set
+        if key is None or tensor.device.type != "cpu" or not _takes(algorithm):
+            return _scheduled(request, group, transport, stall_warning, async_op)
+        comm = _remember(key, communicator_for(group, timeout, transport))
+    if comm.closed:                     # the group was destroyed: find its successor, if any
+        _CHECKED.pop(key, None)
+        return all_reduce(tensor, algorithm, op, group, timeout, check, stall_warning, check_finite, async_op,
+                          trace, transport, compression, compression_key, **options)
+    out = comm.all_reduce(tensor, op, algorithm, async_op)
+    return Work(out) if async_op else out
+
+
+CHECKED_LIMIT = 256
+_CHECKED: OrderedDict = OrderedDict()    # a checked call's key -> its group's communicator (api's own, bounded)
+
+
+def _call_key(tensor, algorithm, op, group, timeout, transport):
+    """What makes two calls the same call: the group *object* (a group made again is another),
+    the tensor's kind, and every argument; None when it cannot be a key."""
+    if type(tensor) is not torch.Tensor or not dist.is_initialized():
+        return None
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    key = (pg, algorithm, op, timeout, transport, tensor.dtype, tensor.device.type, tensor.requires_grad)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _remember(key, comm):
+    _CHECKED[key] = comm
+    if len(_CHECKED) > CHECKED_LIMIT:
+        _CHECKED.popitem(last=False)
+    return comm
+
+
+def _takes(algorithm: str) -> bool:
+    """Whether the communicator runs ``algorithm`` (exact ones, "auto", its own names)."""
+    from .. import algorithms
+
+    return algorithm == "auto" or algorithms.get(algorithm).exact
+
+
+def _scheduled(request: Request, group, transport: str, stall_warning, async_op: bool):
+    """A call only a schedule's executor takes (compression, trace, ...), over its transport."""
     deadline = time.monotonic() + request.timeout
-    channel = for_group(transport, group, tensor.device.type, request.timeout, stall_warning)
+    channel = for_group(transport, group, request.tensor.device.type, request.timeout, stall_warning)
     try:
         collective = (CompressedAllReduce.of if request.codec is not None else build)(request, channel, deadline)
     except BaseException:
         channel.close()
         raise
-    if key is not None and getattr(collective, "recipe", None) is not None:
-        STATE.remember(key, collective.recipe)
-    return _handed(collective.start(inline=not async_op), async_op)
-
-
-def _handed(future, async_op: bool):
+    future = collective.start(inline=not async_op)
     return Work(future) if async_op else future.wait()

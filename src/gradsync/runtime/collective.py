@@ -110,7 +110,10 @@ class Collective:
 
     def run(self) -> torch.Tensor:
         """Run the plan to the end in this thread; return the result tensor."""
-        self.flight = RECORDER.begin(self)
+        transport, flat = self.transport, self.buffers.get(self.transport.rank)
+        self.flight = RECORDER.begin(getattr(transport, "group_key", "default"), transport.rank, transport.size,
+                                     self.schedule.algorithm, self.schedule.elements, flat.element_size(), flat.dtype,
+                                     self.schedule.rounds, transport)
         if self.agreement is not None:
             self.agreement.post()
             if self.agreement.before_data:

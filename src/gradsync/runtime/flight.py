@@ -25,10 +25,9 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
-from .state import group_state
+from .state import GROUPS_LIMIT
 
 LIMIT = 64
 ENV = "GRADSYNC_FLIGHT_DIR"
@@ -37,40 +36,54 @@ ENV = "GRADSYNC_FLIGHT_DIR"
 class Entry:
     """One collective as the recorder keeps it; the collective updates ``phase`` and ``round``."""
 
-    __slots__ = ("sequence", "group", "rank", "size", "schedule", "itemsize", "dtype",
+    __slots__ = ("sequence", "group", "rank", "size", "algorithm", "elements", "itemsize", "dtype", "rounds",
                  "phase", "round", "started", "ended", "error", "peer", "transport")
 
     def as_dict(self) -> dict:
         waiting = getattr(self.transport, "waiting_for", None) if self.phase != "done" else None
-        s = self.schedule
         return {"sequence": self.sequence, "group": self.group, "rank": self.rank, "size": self.size,
-                "algorithm": s.algorithm, "bytes": s.elements * self.itemsize,
-                "dtype": str(self.dtype).removeprefix("torch."), "rounds": s.rounds, "phase": self.phase,
+                "algorithm": self.algorithm, "bytes": self.elements * self.itemsize,
+                "dtype": str(self.dtype).removeprefix("torch."), "rounds": self.rounds, "phase": self.phase,
                 "round": self.round, "started": self.started, "ended": self.ended, "error": self.error,
                 "error_peer": self.peer,
                 "waiting_on": None if waiting is None else {"peer": waiting.peer, "kind": waiting.kind}}
 
 
 class FlightRecorder:
-    """The last ``limit`` collectives of this process (a ``deque``: the oldest fall out)."""
+    """The last ``limit`` collectives of this process: a fixed ring of entries written in place
+    (a collective costs a few attribute writes, no allocation). An entry still running when
+    the ring comes round to it again is left to its collective and replaced in the ring."""
 
     def __init__(self, limit: int = LIMIT):
-        self._entries: deque = deque(maxlen=limit)
+        self.limit = limit
+        self._ring: list[Entry] = []
+        self._next = 0
+        self._sequences: dict[str, int] = {}      # group key -> collectives begun (at most GROUPS_LIMIT keys)
         self._lock = threading.Lock()
         self.directory: str | None = None
 
-    def begin(self, collective) -> Entry:
-        """A collective starts (called by it): its entry, phase "agree" or "run"."""
-        transport = collective.transport
-        flat = collective.buffers[transport.rank]
-        e = Entry()
-        e.group = getattr(transport, "group_key", "default")
-        e.rank, e.size, e.transport, e.schedule = transport.rank, transport.size, transport, collective.schedule
-        e.itemsize, e.dtype, e.phase, e.round = flat.element_size(), flat.dtype, "run", -1
-        e.started, e.ended, e.error, e.peer = time.time(), None, None, None
+    def begin(self, group: str, rank: int, size: int, algorithm: str, elements: int, itemsize: int, dtype,
+              rounds: int = 0, transport=None) -> Entry:
+        """A collective starts: its entry, phase "run" (the collective sets "agree" while it agrees).
+
+        Example: ``e = RECORDER.begin("torch/world", 0, 2, "ring", 1024, 4, torch.float32, 2)``.
+        """
         with self._lock:
-            e.sequence = group_state(e.group).advance("flight")     # the n-th collective of its group here
-            self._entries.append(e)
+            sequence = self._sequences.get(group, 0) + 1
+            if sequence == 1 and len(self._sequences) >= GROUPS_LIMIT:
+                self._sequences.pop(next(iter(self._sequences)))
+            self._sequences[group] = sequence
+            if len(self._ring) < self.limit:
+                e = Entry()
+                self._ring.append(e)
+            else:
+                e = self._ring[self._next]
+                if e.phase in ("run", "agree"):       # still running: leave it to its collective
+                    e = self._ring[self._next] = Entry()
+            self._next = (self._next + 1) % self.limit
+            e.sequence, e.group, e.rank, e.size, e.transport = sequence, group, rank, size, transport
+            e.algorithm, e.elements, e.itemsize, e.dtype, e.rounds = algorithm, elements, itemsize, dtype, rounds
+            e.phase, e.round, e.started, e.ended, e.error, e.peer = "run", -1, time.time(), None, None, None
         return e
 
     def end(self, entry: Entry, error: BaseException | None = None) -> str | None:
@@ -89,8 +102,9 @@ class FlightRecorder:
         return None
 
     def entries(self) -> list[dict]:
+        """The entries, oldest first."""
         with self._lock:
-            entries = list(self._entries)
+            entries = self._ring[self._next:] + self._ring[:self._next]
         return [e.as_dict() for e in entries]
 
     def dump(self, reason: str, directory: str | None = None) -> str | None:

@@ -8,7 +8,6 @@ inner collectives all come through ``build``; tests with their own transports ca
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 
@@ -18,11 +17,7 @@ from .. import algorithms
 from .agree import Agreement, digest, seen_before
 from .collective import Collective, Done, Finish, node_buffers
 from .compile import compiled, frozen, pick
-from . import reads
-from .reads import ReadCollective
-from .progress import progress_for
 from .request import Request
-from .transport.base import shared_buffers
 from .transport.hosts import local_size
 
 
@@ -44,10 +39,8 @@ def build(request: Request, transport, deadline: float):
     description on the group, riding along with it after). A one-rank group gets ``Done``."""
     tensor, workers = request.tensor, transport.size
     algorithm, options = request.algorithm, dict(request.options)
-    buffers = shared_buffers(transport) if tensor.device.type == "cpu" else None
-    if algorithm == "auto":
-        algorithm, picked = (reads.choose(tensor.numel() * tensor.element_size(), workers), {}) \
-            if buffers is not None else pick(tensor, workers)
+    if algorithm == "auto":           # a transport with no engine to weigh (threads): the model's choice
+        algorithm, picked = pick(tensor, workers)
         options = {**picked, **options}
     spec = algorithms.get(algorithm)
     spec.check_dtype(request.dtype)
@@ -68,17 +61,6 @@ def build(request: Request, transport, deadline: float):
     signature = digest(description)
     finish = Finish(tensor, request.op, workers, finite_result=finite and not spec.exact,
                     label=f"{algorithm} with options {frozen_options}")
-    if buffers is not None and spec.shared_buffers:          # one host: the transfers are reads of the peers' buffers
-        rank = transport.rank
-        schedule = whole_schedule(algorithm, workers, flat.numel(), frozen_options)
-        plan_of = functools.partial(reads.program, algorithm, workers, frozen_options=frozen_options, rank=rank)
-        signature = signature if request.check else None
-        collective = ReadCollective(schedule, plan_of, buffers, transport, deadline, flat, finish, signature,
-                                    trace=request.trace)
-        if not request.check_finite and tensor.is_contiguous():
-            collective.recipe = reads.Recipe(schedule, plan_of, buffers, transport, request.op, request.timeout,
-                                             signature, progress_for(transport))
-        return collective
     c = compiled(algorithm, workers, tensor.numel(), request.dtype, frozen_options, transport.rank)
     agreement = None
     if request.check or request.check_finite:
@@ -88,12 +70,6 @@ def build(request: Request, transport, deadline: float):
     return Collective(c.schedule, c.plan, node_buffers(c.schedule, transport.rank, flat), transport, deadline,
                       agreement, finish, salt=int.from_bytes(signature[:4], "little"), design=c.design,
                       trace=request.trace)
-
-
-@functools.lru_cache(maxsize=16)
-def whole_schedule(algorithm: str, workers: int, elements: int, frozen_options: str):
-    """The algorithm's schedule of a whole message (cached by value): ``whole_schedule("sharded", 2, 4, "{}").rounds`` is 2."""
-    return algorithms.get(algorithm).schedule(workers, elements, **json.loads(frozen_options))
 
 
 def describe(request: Request, algorithm: str, options: dict) -> dict:

@@ -47,26 +47,26 @@ class Progress:
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()
-        self._busy = 0                 # queued or running
+        self.queued = 0                 # collectives queued or running (read directly on the hot path)
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None
         self._stopping = False         # a stop is queued for the current thread
         self.running = threading.RLock()
 
     def busy(self) -> bool:
         """Whether a collective is queued or running (the group state keeps a busy group)."""
-        return self._busy > 0
+        return self.queued > 0
 
     def on_thread(self) -> bool:
         """Whether the caller is this progress thread (a future's callback, run on completion)."""
-        return threading.current_thread() is self._thread
+        return threading.current_thread() is self.thread
 
     def submit(self, job, future: torch.futures.Future) -> None:
         with self._lock:
-            self._busy += 1
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
-                self._thread.start()
+            self.queued += 1
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="gradsync-progress", daemon=True)
+                self.thread.start()
                 self._stopping = False
                 _stop_at_exit()
         self._queue.put((job, future))
@@ -76,7 +76,7 @@ class Progress:
         process exits), waiting up to JOIN_S for it: a thread still alive when the interpreter
         finalizes is killed wherever it is."""
         with self._lock:
-            thread = self._thread
+            thread = self.thread
             if thread is not None and thread.is_alive() and not self._stopping:
                 self._queue.put((_STOP, None))
                 self._stopping = True
@@ -93,7 +93,7 @@ class Progress:
                     job.complete(future)
             finally:
                 with self._lock:
-                    self._busy -= 1
+                    self.queued -= 1
 
 
 def progress_for(transport) -> Progress:

@@ -105,21 +105,6 @@ def compression_codec(tensor, algorithm: str, compression):
     return codec
 
 
-def recipe_key(tensor, algorithm, op, group, timeout, check, transport, options) -> tuple | None:
-    """What makes two calls the same call for a ``Recipe``: the group *object* (a group made
-    again is another), the tensor's kind, and every argument; None when it cannot be a key."""
-    if not isinstance(tensor, torch.Tensor) or not dist.is_initialized():
-        return None
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    try:
-        key = (pg, algorithm, op, timeout, check, transport, tuple(sorted(options.items())), tensor.shape,
-               tensor.dtype, tensor.device, tensor.is_contiguous(), tensor.requires_grad)
-        hash(key)
-    except TypeError:                  # an option's value that is not hashable
-        return None
-    return key
-
-
 def check_initialized() -> None:
     """ConfigError unless torch.distributed is initialized (all_reduce runs on its groups)."""
     if not dist.is_initialized():

@@ -39,7 +39,6 @@ import threading
 from collections import OrderedDict
 
 GROUPS_LIMIT = 64          # groups kept per process; the least recently used idle one goes beyond
-RECIPES_LIMIT = 256        # repeated calls remembered (``recipe``), the least recently used dropped
 
 
 class GroupState:
@@ -128,29 +127,6 @@ class ProcessState:
         self._lock = threading.RLock()
         self._groups: OrderedDict[str, GroupState] = OrderedDict()
         self._counters: dict[str, dict[str, int]] = {}      # by group key, never dropped
-        self._recipes: OrderedDict = OrderedDict()          # a call's key -> what its checks decided
-
-    def recipe(self, key):
-        """What the first call with ``key`` (its group object, tensor kind, algorithm, options)
-        decided, so that a training loop's thousandth identical call skips the checks; None
-        before (``remember``). A recipe whose group was closed since is the caller's to refuse.
-
-        >>> s = ProcessState(); s.remember(("g", 4), "ring by reads"); s.recipe(("g", 4)), s.recipe(("g", 5))
-        ('ring by reads', None)
-        """
-        with self._lock:
-            value = self._recipes.get(key)
-            if value is not None:
-                self._recipes.move_to_end(key)
-            return value
-
-    def remember(self, key, value) -> None:
-        """Keep ``value`` as the recipe of calls with ``key``; at most RECIPES_LIMIT are kept."""
-        with self._lock:
-            self._recipes[key] = value
-            self._recipes.move_to_end(key)
-            while len(self._recipes) > RECIPES_LIMIT:
-                self._recipes.popitem(last=False)
 
     def group(self, key: str) -> GroupState:
         """The state of group ``key``, made on first use."""
@@ -185,11 +161,9 @@ class ProcessState:
             state.close()
 
     def clear(self) -> None:
-        """Drop every group (tests; a process about to exit) and every recipe; counters stay."""
+        """Drop every group (tests; a process about to exit); counters stay."""
         for key in self.keys():
             self.forget(key)
-        with self._lock:
-            self._recipes.clear()
 
 
 STATE = ProcessState()       # this process's one instance

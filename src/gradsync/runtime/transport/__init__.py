@@ -78,9 +78,10 @@ def auto_kind(found) -> str:
 
 
 def _gloo(group) -> bool:
+    """Whether the group's messages travel on Gloo (its own, or the gradsync backend's engine)."""
     import torch.distributed as dist
 
-    return dist.get_backend(group) == "gloo"
+    return dist.get_backend(group) in ("gloo", "gradsync")
 
 
 __all__ = ["CHOICES", "DistributedTransport", "GATHER_TAG", "GatherOverPost", "MemoryTransport", "MixedTransport",

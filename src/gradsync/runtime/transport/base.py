@@ -94,8 +94,11 @@ def shared_buffers(transport):
 
 
 def group_name(group=None) -> str:
-    """The group's name, the same in every process: "world", or its global ranks ("0-2-3")."""
-    return "world" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+    """The group's name, the same in every process: "world" (the default group, passed or not),
+    or its global ranks ("0-2-3")."""
+    if group is None or (dist.is_initialized() and group is dist.distributed_c10d._get_default_group()):
+        return "world"
+    return "-".join(map(str, dist.get_process_group_ranks(group)))
 
 
 def group_key(group=None) -> str:

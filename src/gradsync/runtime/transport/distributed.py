@@ -317,4 +317,25 @@ def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
     return error
 
 
+def named_failure(group, what: str, exc: BaseException) -> BaseException:
+    """The error of an engine collective that failed with ``exc``: a ``PeerError`` naming the
+    rank that is missing (the survivors check in at the group's store; who does not is named),
+    or ``exc`` itself when it is not a failure of the group (a bad argument).
+
+    Example, when Gloo's all_reduce failed with ``exc``: ``named_failure(group, "gloo's all_reduce", exc).peer``.
+    """
+    if not isinstance(exc, RuntimeError) or isinstance(exc, (ValueError, TypeError)) or isinstance(exc, PeerError):
+        return exc
+    try:
+        transport = DistributedTransport(group)
+        error = transport.failure_of(exc, Pending(None, -1, "collective", 0), time.monotonic() + 1.0)
+    except Exception:                    # the store is gone too: the engine's own words
+        return exc
+    first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    if error.peer is None:
+        return PeerError(f"{error} (in {what}: {first})", op=error.op)
+    return PeerError(f"rank {transport.rank}: rank {error.peer} failed: {error} (in {what}: {first})",
+                     peer=error.peer, op=error.op)
+
+
 TorchTransport = DistributedTransport   # the name used before the transport protocol

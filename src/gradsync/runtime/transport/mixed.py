@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 import queue
 import threading
 import time
@@ -155,10 +154,7 @@ class MixedTransport(GatherOverPost):
         except Exception as exc:    # what the rank's wait turns into a PeerError
             handle.error = exc
         handle.done = True
-        try:
-            os.write(self.shared.bells[self.shared.rank], b"\0")
-        except OSError:             # full (it has plenty to wake to), or the group is gone
-            pass
+        self.shared.wake_self()
 
     # --- waiting ------------------------------------------------------------------------
 

@@ -15,28 +15,30 @@ then adds them straight from the ring into its buffer (``reduce_from``), a COPY 
 ``wait`` copies them into the receive's tensor (its one copy). A rank with nothing to do
 takes every frame of a full ring, so a sender never stays blocked on a receiver that waits
 for something else. Both queues are single-producer single-consumer rings with monotonic
-counters; on x86 (stores are seen in order) a counter published after the data it covers
-is enough.
+counters, each published with release order after the data it covers and read with acquire
+order before it (``ring``), so the protocol holds on ARM as on x86.
 
 Nobody moves data in the background: ``post`` and ``wait`` progress every pending operation
-of the group. A waiting rank spins 50 us, then blocks on its *doorbell*, a FIFO it reads
-with ``select``: it sets its "sleeping" word, looks once more, and sleeps until a peer that
-moved something for it writes a byte (at most 2 ms, so a ring missed in the race between
-the word and the look costs 2 ms, not a hang). With 4 ranks on 2 cores the waiting ones
+of the group. A waiting rank spins 50 us, then sleeps on its *doorbell*, a futex word in the
+segment: it reads the bell, sets its "sleeping" word, looks once more, and sleeps in the
+kernel until a peer that moved something for it adds one to the bell and wakes it (the kernel
+compares the word before sleeping, so a ring after the look is not lost; at most 2 ms at a
+time, for the liveness checks). With 4 ranks on 2 cores the waiting ones
 leave the cores to the ones copying. Every 10 ms a blocked rank checks its peers' processes
 (pid and start time; zombies count as dead): a dead peer is a ``PeerError`` naming it at
 once. The first rank to see a failure (a death, a rank that left, or the deadline: then the
 end of the chain of who waits for whom, each rank publishing the peer it waits for) records
-it in the segment, so every survivor names the same rank.
+it in the segment with one compare-and-swap, so every survivor names the same rank.
 
 The segment is a file in /dev/shm, mode 0600, named ``gradsync-<uid>-<pid>-<128 random
-bits>`` (its doorbells in a 0700 directory beside it). The ranks first learn which of them
+bits>``. The ranks first learn which of them
 share a host (``runtime.hosts``); the first rank of a host creates the segment and passes its
 name through the group's torch.distributed store, every rank of the host maps it and reports,
 and the creator unlinks it as soon as all have reported. In a group spanning several hosts
 (``host_group``, used by ``MixedTransport``) each host has its own segment, and ranks are
-named by their rank in the group. The mapping lives on until the processes exit,
-whatever way they exit, so nothing is left in /dev/shm even if they are killed; a segment
+named by their rank in the group. The file is unlinked once all have mapped it, so nothing is
+left in /dev/shm whatever way the processes exit; the mapping is unmapped when its group is
+closed (destroyed, aborted or dropped), or with the process; a segment
 left by a crash during those milliseconds (its creator's pid dead) is removed by the next
 group set up on the host, or by any survivor that meets the failure.
 
@@ -48,9 +50,9 @@ state), ``transport`` (``ShmTransport``).
 
 from .group import CHECK_EVERY_S, NAP_S, SPIN_S, SharedGroup
 from .ring import Op
-from .segment import BELLS, DATA_BUDGET, MAGIC, NOTICES, PREFIX, SHM_DIR, Layout, layout, sweep
+from .segment import DATA_BUDGET, MAGIC, NOTICES, PREFIX, SHM_DIR, Layout, layout, sweep
 from .setup import host_group, shared_group
 from .transport import ShmTransport
 
-__all__ = ["BELLS", "CHECK_EVERY_S", "DATA_BUDGET", "Layout", "MAGIC", "NAP_S", "NOTICES", "Op", "PREFIX", "SHM_DIR",
+__all__ = ["CHECK_EVERY_S", "DATA_BUDGET", "Layout", "MAGIC", "NAP_S", "NOTICES", "Op", "PREFIX", "SHM_DIR",
            "SPIN_S", "SharedGroup", "ShmTransport", "host_group", "layout", "shared_group", "sweep"]

@@ -1,26 +1,22 @@
 """The shared buffers of a group's segment: every rank's slot, readable by every rank of the
-host, and the barrier between the rounds that read them (see ``segment`` for where they lie).
+host, the barrier between the rounds that read them, and the collectives run on them.
 
 A collective on shared buffers copies each rank's data into its slot, then runs rounds of
-direct reads (``runtime.reads``): no messages, no frames, no second copy. Between rounds the
-ranks meet at a barrier: each publishes the barrier it reached in its ``ARRIVED`` word; the
-last to arrive publishes it as the group's ``GENERATION`` and wakes every rank sleeping on that
-word with one system call, and only when one said it sleeps (a wake-up that switches to the
-woken rank cost 200 us here). A waiting rank spins ``SPIN_S`` (``CROWDED_SPIN_S`` when the host
-has more ranks than cores: a spinning rank takes the core from the one it waits for), then
-says it sleeps and sleeps on the generation in the kernel (``futex``: the kernel compares the
-word before sleeping, so a release between the look and the sleep is not missed), ``NAP_S`` at
-a time, checking every ``CHECK_EVERY_S`` that its peers live and that the deadline has not
-passed, as the message path does (``SharedGroup``: the same failure record, so every survivor
-names the same rank). Two ranks arriving last at the same instant may each miss the other's
-word (x86 lets a load pass an earlier store): then nobody releases at once, and the sleepers
-find everyone arrived at their next look, one nap later, never a hang.
+direct reads: no messages, no frames, no second copy. The work is done in C
+(``native.c``: its opening comment states the protocol, word by word, and why it is correct on
+x86 and ARM alike); this module hands it the segment's words and the tensors' addresses, cuts
+messages larger than a slot into pieces, and turns a failed wait into the group's
+``PeerError`` or a ``MismatchError``.
 
-Successive collectives alternate between two slots per rank (parity), so the copy-in of one
-never overwrites what a slower rank still reads of the one before: by the time a rank is back
-at a parity, every rank has passed a barrier of the collective in between, so it is done
-reading. On x86 stores are seen in the order they were made, so a word published after the
-data it covers is enough (and the futex wake is a system call, a full barrier anyway).
+- all-reduce runs a *read program* (``runtime.reads``: compiled from the algorithm's own
+  schedule, one_shot or sharded), piece by piece;
+- reduce-scatter, all-gather and broadcast are the one round of reads they are (sharded's
+  REDUCE round, its COPY round, copies from the root), in torch's order of ranks;
+- a barrier is one meeting of the ranks.
+
+Every collective checks, after its first barrier, that every rank published the same digest
+(the same collective, shape and dtype): a rank that runs something else, or skipped one, is
+named in a ``MismatchError`` on every rank.
 """
 
 from __future__ import annotations
@@ -31,20 +27,45 @@ import time
 import numpy as np
 import torch
 
-from ....errors import MismatchError
-from . import futex
-from .group import CHECK_EVERY_S, SharedGroup
-from .segment import ARRIVED, BLOCKED, GENERATION, NOBODY, SLOT_HEADER
+from ....errors import MismatchError, PeerError
+from . import _native
+from .group import CHECK_EVERY_S, NAP_S, SharedGroup
+from .segment import ARRIVED, BLOCKED, CLOSED, FAILED, GENERATION, PID, START
 
-SPIN_S = 50e-6               # spin this long on a peer's word before sleeping on it
-CROWDED_SPIN_S = 5e-6        # the same with more ranks than cores
-NAP_S = 2e-3                 # the longest sleep: bounds the cost of a missed wake-up
-VIEWS = 4096                 # slot views kept (``view``)
-WRAP = 1 << 31               # barrier marks count modulo this (non-negative int32 words)
+SPIN_S = 50e-6               # spin this long on the group's word before sleeping on it
+CROWDED_SPIN_S = 20e-6       # the same with more ranks than cores (yielding the core meanwhile)
+DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
+          torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.bool: 9}
+OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+_FLOAT_ONLY = ("avg",)
+_INT_ONLY = ("band", "bor", "bxor")
+
+
+def reduces(dtype: torch.dtype, op: str) -> bool:
+    """Whether the shared buffers can reduce ``dtype`` with ``op`` (else the engine does).
+
+    >>> reduces(torch.float32, "avg"), reduces(torch.int64, "avg"), reduces(torch.complex64, "sum")
+    (True, False, False)
+    """
+    if dtype not in DTYPES or op not in OPS:
+        return False
+    if op in _FLOAT_ONLY:
+        return dtype.is_floating_point
+    return not (op in _INT_ONLY and dtype.is_floating_point)
+
+
+def _deadline_ns(deadline: float) -> int:
+    return int(deadline * 1e9)
+
+
+def _digest_words(signature: bytes | None) -> tuple[int, int]:
+    if signature is None:
+        return 0, 0
+    return int.from_bytes(signature[:8], "little", signed=True), int.from_bytes(signature[8:16], "little", signed=True)
 
 
 class _Waiting:
-    """What a barrier's wait looks like to ``SharedGroup``'s failure check (a receive from ``peer``)."""
+    """What a wait looks like to ``SharedGroup``'s failure check (a receive from ``peer``)."""
 
     __slots__ = ("peer", "kind")
 
@@ -53,41 +74,41 @@ class _Waiting:
 
 
 class SharedBuffers:
-    """This rank's view of its group's shared buffers: the slots and the barrier. Made once per
-    ``SharedGroup`` (its ``buffers``), used by one collective at a time (the group's).
+    """This rank's view of its group's shared buffers. Made once per ``SharedGroup`` (its
+    ``buffers``), used by one collective at a time (the group's progress engine sees to it).
 
     Example, in each rank of a group on one host::
 
         buffers = SharedBuffers.of(shared_group())
-        slots = buffers.begin(torch.float32)     # [ranks, capacity] this collective's slots
-        slots[buffers.rank, :4] = 1.0
-        buffers.barrier(time.monotonic() + 10)   # every rank's slot now readable
+        buffers.all_reduce(grad, "sum", lambda m: reads.packed("one_shot", 4, m, rank), deadline)
     """
 
     def __init__(self, group: SharedGroup):
         lay = group.layout
         self.group, self.rank, self.size = group, group.rank, group.size
-        self.capacity = lay.region_bytes - SLOT_HEADER          # bytes of data a slot holds
-        self._data = [torch.frombuffer(group.mm, dtype=torch.uint8, offset=lay.region(0, parity),
-                                       count=group.size * lay.region_bytes).view(group.size, lay.region_bytes)
-                      [:, SLOT_HEADER:] for parity in (0, 1)]
-        # each slot's digest: the collective its rank runs in it (per parity: a rank one collective
-        # ahead writes the other parity's, never the one a slower rank still compares)
+        words = [8 * FAILED, 8 * GENERATION]
+        for r in range(group.size):
+            words += [8 * lay.rank_word(r, f) for f in (ARRIVED, PID, START, CLOSED, BLOCKED)]
+        crowded = group.size > len(os.sched_getaffinity(0))
+        self.native = _native.Group(group.address, group.rank, group.size, words, lay.region(0, 0),
+                                    lay.region_bytes, int((CROWDED_SPIN_S if crowded else SPIN_S) * 1e9),
+                                    int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), crowded)
         self._digests = [np.ndarray((group.size, 2), np.int64, buffer=group.mm, offset=lay.region(0, parity),
                                     strides=(lay.region_bytes, 8)) for parity in (0, 1)]
-        self._words = np.frombuffer(group.mm, dtype=np.int32, count=2 * lay.words)
-        self._arrived = [2 * lay.rank_word(r, ARRIVED) for r in range(group.size)]    # low halves, little-endian
-        self._peer_words = [(r, self._arrived[r]) for r in range(group.size) if r != group.rank]
-        self._generation = 2 * GENERATION                   # its low half; the high half: sleepers
-        self._generation_address = self._words.ctypes.data + 4 * self._generation
-        self._blocked = lay.rank_word(group.rank, BLOCKED)
-        self.barriers = 0        # barriers passed: every rank passes the same ones, in order
-        self.uses = 0            # collectives begun: their parity
-        self.parity = 0          # the parity of the one begun last
-        self._views: dict = {}   # (parity, dtype, capacity) -> the slots as that dtype
-        self._columns: dict = {}  # (parity, dtype, row, start, stop) -> a view of them (``view``)
-        self._current, self._dtype = None, None
-        self.spin_s = CROWDED_SPIN_S if group.size > len(os.sched_getaffinity(0)) else SPIN_S
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of data a slot holds (tests cut it, so that messages go in pieces)."""
+        return self.native.capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        self.native.capacity = value
+
+    @property
+    def uses(self) -> int:
+        """Collectives begun on the slots so far (each takes the next parity)."""
+        return self.native.uses
 
     @classmethod
     def of(cls, group: SharedGroup) -> "SharedBuffers":
@@ -96,107 +117,73 @@ class SharedBuffers:
             group.buffers = cls(group)
         return group.buffers
 
-    def begin(self, dtype: torch.dtype) -> torch.Tensor:
-        """This collective's slots, [ranks, capacity in elements of ``dtype``]: the next parity."""
-        self.parity = self.uses & 1
-        self.uses += 1
-        key = (self.parity, dtype, self.capacity)
-        slots = self._views.get(key)
-        if slots is None:
-            data = self._data[self.parity]
-            slots = self._views[key] = data[:, :self.capacity // dtype.itemsize * dtype.itemsize].view(dtype)
-            self._columns.clear()           # the capacity may have changed (tests cut it to force pieces)
-        self._current, self._dtype = slots, dtype
-        return slots
+    # --- the collectives (each raises the group's PeerError, or MismatchError) -----------------
 
-    def view(self, row: int | None, start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of rank ``row``'s slot (None: of every rank's, [ranks, n]) in
-        the collective begun last; views are kept (at most VIEWS), since making one costs as
-        much as a small collective's sum."""
-        key = (self.parity, self._dtype, row, start, stop)
-        view = self._columns.get(key)
-        if view is None:
-            if len(self._columns) >= VIEWS:
-                self._columns.clear()
-            slots = self._current
-            view = self._columns[key] = slots[:, start:stop] if row is None else slots[row, start:stop]
-        return view
+    def all_reduce(self, flat: torch.Tensor, op: str, program_of, deadline: float,
+                   signature: bytes | None = None) -> torch.Tensor:
+        """All-reduce ``flat`` (contiguous, this rank's data) in place by the read program
+        ``program_of(elements)`` gives for a piece of that many elements (``reads.packed``)."""
+        per = max(1, self.capacity // flat.element_size())
+        total, dtype, code = flat.numel(), DTYPES[flat.dtype], OPS.index(op)
+        d0, d1 = _digest_words(signature)
+        address, size = flat.data_ptr(), flat.element_size()
+        for first in range(0, total, per):
+            m = min(per, total - first)
+            self._check(self.native.run_reads(address + first * size, m, dtype, code, _deadline_ns(deadline), d0,
+                                              d1, first == 0 and signature is not None, program_of(m)), deadline)
+        return flat
 
-    def rows(self, ranks: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of the slots of ``ranks`` only, [len(ranks), n] (a copy)."""
-        return self._current[list(ranks), start:stop]
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str, deadline: float,
+                       signature: bytes | None = None) -> torch.Tensor:
+        """``out`` (contiguous) gets ``op`` over every rank of chunk ``rank`` of ``inp`` (N chunks)."""
+        d0, d1 = _digest_words(signature)
+        self._check(self.native.reduce_scatter(out.data_ptr(), inp.data_ptr(), out.numel(), DTYPES[out.dtype],
+                                               OPS.index(op), _deadline_ns(deadline), d0, d1), deadline)
+        return out
 
-    def publish_digest(self, signature: bytes) -> None:
-        """Write this collective's 16-byte digest where every rank reads it after the next barrier."""
-        row = self._digests[self.parity][self.rank]
-        row[0] = int.from_bytes(signature[:8], "little", signed=True)
-        row[1] = int.from_bytes(signature[8:16], "little", signed=True)
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: float,
+                   signature: bytes | None = None) -> torch.Tensor:
+        """``out`` (contiguous, N chunks) gets every rank's ``inp`` in rank order."""
+        d0, d1 = _digest_words(signature)
+        self._check(self.native.all_gather(out.data_ptr(), inp.data_ptr(), inp.numel(), DTYPES[inp.dtype],
+                                           _deadline_ns(deadline), d0, d1), deadline)
+        return out
 
-    def check_digests(self) -> None:
-        """After a barrier: every rank published this rank's digest, or ``MismatchError`` naming them."""
-        rows = self._digests[self.parity].tolist()        # a few words: plain ints beat numpy's reductions
-        mine = rows[self.rank]
-        others = [r for r, row in enumerate(rows) if row != mine]
-        if others:
-            ranks = [self.group.ranks[r] for r in others]
-            raise MismatchError(f"rank {self.group.ranks[self.rank]}: rank(s) {ranks} run a different collective "
-                                f"(shape, dtype, algorithm or options) on the shared buffers")
+    def broadcast(self, flat: torch.Tensor, root: int, deadline: float,
+                  signature: bytes | None = None) -> torch.Tensor:
+        """Every rank's ``flat`` (contiguous) gets local rank ``root``'s."""
+        d0, d1 = _digest_words(signature)
+        self._check(self.native.broadcast(flat.data_ptr(), flat.numel(), DTYPES[flat.dtype], root,
+                                          _deadline_ns(deadline), d0, d1), deadline)
+        return flat
 
     def barrier(self, deadline: float) -> None:
-        """Wait until every rank of the host has reached this barrier, or raise ``PeerError``.
+        """Wait until every rank of the host has reached this barrier, or raise ``PeerError``."""
+        self._check(self.native.barrier(_deadline_ns(deadline)), deadline)
 
-        The last rank to arrive publishes the barrier as the group's generation and wakes
-        everyone sleeping on it with one system call; the others sleep on that one word (once
-        each, not once per peer: with 4 ranks on 2 cores every extra wake-up is a context switch)."""
-        group = self.group
-        if group.failure is not None:
-            raise group.failure
-        self.barriers += 1
-        mark = self.barriers % WRAP
-        self._words[self._arrived[self.rank]] = mark
-        if self._missing(mark) is None:
-            self._release(mark)
+    def release(self) -> None:
+        """Drop every view of the mapping (before the group unmaps it): later calls raise."""
+        self.native.close()
+        self._digests = None
+
+    # --- failures --------------------------------------------------------------------------
+
+    def _check(self, status, deadline: float) -> None:
+        if status is None:
             return
-        spin_until = time.perf_counter() + self.spin_s
-        while time.perf_counter() < spin_until:
-            if self._missing(mark) is None:
-                return
-        self._sleep(mark, deadline)
-
-    def _missing(self, mark: int):
-        """The first peer that has not reached barrier ``mark`` yet, or None."""
-        words = self._words
-        for peer, index in self._peer_words:
-            if (int(words[index]) - mark) % WRAP >= WRAP // 2:
-                return peer
-        return None
-
-    def _release(self, mark: int) -> None:
-        words = self._words
-        words[self._generation] = mark
-        if words[self._generation + 1]:
-            words[self._generation + 1] = 0
-            futex.wake(self._generation_address)
-
-    def _sleep(self, mark: int, deadline: float) -> None:
-        group, ctl, words = self.group, self.group.ctl, self._words
-        next_check = time.monotonic() + CHECK_EVERY_S
-        try:
-            while True:
-                words[self._generation + 1] = 1          # say so, then look once more
-                seen = int(words[self._generation])
-                if (seen - mark) % WRAP < WRAP // 2:
-                    return
-                missing = self._missing(mark)
-                if missing is None:                       # all here, nobody woke us: wake the others
-                    self._release(mark)
-                    return
-                ctl[self._blocked] = missing
-                now = time.monotonic()
-                if now >= next_check or now >= deadline:
-                    group.raise_failure(_Waiting(missing), deadline)
-                    next_check = now + CHECK_EVERY_S
-                futex.wait(self._generation_address, seen,
-                           max(1e-4, min(NAP_S, next_check - now, deadline + 1.0 - now)))
-        finally:
-            ctl[self._blocked] = NOBODY
+        code, peer = status
+        group = self.group
+        if code == _native.MISMATCH:
+            rows = self._digests[self.native.parity].tolist()
+            mine = rows[self.rank]
+            ranks = [group.ranks[r] for r, row in enumerate(rows) if row != mine]
+            raise MismatchError(f"rank {group.ranks[self.rank]}: rank(s) {ranks} run a different collective "
+                                f"(shape, dtype, algorithm or options) on the shared buffers")
+        if group.failure is not None:        # recorded here before, or cancelled (an abort)
+            raise group.failure
+        waiting = _Waiting(peer if peer >= 0 else next(iter(group.peers), 0))
+        group.raise_failure(waiting, deadline)
+        if code == _native.TIMEOUT:        # the deadline passed waiting for ``peer``: it is the silent one
+            group.raise_failure(waiting, time.monotonic() - 2.0)
+        raise PeerError(f"rank {group.ranks[self.rank]}: the shared-memory group failed while this rank waited",
+                        peer=None, op="recv")

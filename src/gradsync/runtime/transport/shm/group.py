@@ -1,22 +1,23 @@
 """Waiting on a group's segment, and naming the rank that failed (see ``shm``).
 
 Nobody moves data in the background: ``post`` and ``wait`` progress every pending operation
-of the group. A waiting rank spins ``SPIN_S``, then blocks on its doorbell; every
+of the group. A waiting rank spins ``SPIN_S``, then sleeps on its doorbell (a futex word in the
+segment that a peer which moved something for it rings); every
 ``CHECK_EVERY_S`` a blocked rank checks its peers' processes, and the first rank to see a
 failure records it in the segment's header, so every survivor names the same rank.
 """
 
 from __future__ import annotations
 
-import os
-import select
 import time
 
 import torch
 
 from ....errors import PeerError
+from . import _native
 from .ring import Channels, Op
-from .segment import (ACROSS, BLOCKED, CLOSED, DIED, FAILED, LEFT, NOBODY, PID, REMOTE, SILENT, START, WHY,
+from .segment import (ACROSS, BELL, BLOCKED, CLOSED, DIED, FAILED, LEFT, NOBODY, PID, REMOTE, SILENT, START,
+                      failure_word,
                       remove, start_time)
 
 SPIN_S = 50e-6                      # spin this long before blocking on the doorbell (1 ms: 4x slower, loaded)
@@ -47,6 +48,7 @@ class SharedGroup(Channels):
         idle_since, next_check = started, started + CHECK_EVERY_S
         blocked = False
         sleeping, blocked_on = self.sleeping[self.rank], self.layout.rank_word(self.rank, BLOCKED)
+        bell = self.layout.rank_word(self.rank, BELL)
         wanted = [op for op in pending if op.kind == "recv" and not op.done]
         for op in wanted:
             op.wanted = True
@@ -64,6 +66,8 @@ class SharedGroup(Channels):
                 waiting = next((op for op in pending if not op.done), None)
                 self.ctl[blocked_on] = ACROSS if waiting is None else waiting.peer
                 blocked = True
+                if self.failure is not None:         # cancelled meanwhile (an abort)
+                    raise self.failure
                 if now >= next_check or now >= deadline:
                     if waiting is None and now >= deadline:
                         self._outside(outside, True)
@@ -72,17 +76,16 @@ class SharedGroup(Channels):
                     if error is not None and not self.progress():
                         self._fail(error)
                     next_check = now + CHECK_EVERY_S
-                # block until a peer rings: say so, look once more, then wait on the doorbell
-                self.ctl[sleeping] = 1
+                # sleep until a peer rings: read the bell, say so, look once more, then sleep on
+                # the bell's word (the kernel compares it first: a ring after the look is not lost)
+                rung = self._load(bell) & 0xFFFFFFFF
+                self._store(sleeping, 1)
                 if self.progress(flush=True):        # idle: free the channels for the senders
                     idle_since = time.monotonic()
                 elif not all(op.done for op in pending) or outside is not None:
-                    select.select([self.bells[self.rank]], [], [], max(0.0, min(NAP_S, next_check - now)))
-                self.ctl[sleeping] = 0
-                try:
-                    os.read(self.bells[self.rank], 4096)
-                except BlockingIOError:
-                    pass
+                    _native.futex_wait(self.bells[self.rank], rung - (1 << 32) if rung >= 1 << 31 else rung,
+                                       int(max(1e-4, min(NAP_S, next_check - now)) * 1e9))
+                self._store(sleeping, 0)
         finally:
             for op in wanted:
                 op.wanted = False
@@ -125,7 +128,8 @@ class SharedGroup(Channels):
                     self._record(self.ranks[op.peer if end is None else end], SILENT)
         if ctl[FAILED] < 0:
             return None
-        failed, why = int(ctl[FAILED]), int(ctl[WHY])
+        word = int(ctl[FAILED])
+        failed, why = word & 0xFFFFFFFF, word >> 32
         how = {LEFT: "left the group", SILENT: "did not answer before the timeout",
                REMOTE: "failed (seen by a rank of this host that waited for it across hosts)"}.get(why, "failed")
         if why == DIED and failed in self.ranks:
@@ -144,9 +148,8 @@ class SharedGroup(Channels):
 
     def _record(self, rank: int, why: int) -> None:
         """Record the group's failed rank (its rank in the process group) and how."""
-        if self.ctl[FAILED] < 0:      # two ranks at once: either may win, both name a failed rank
-            self.ctl[WHY] = why
-            self.ctl[FAILED] = rank
+        # one compare-and-swap: of two ranks recording at once, one wins, and both name its rank
+        _native.cas(self.address + 8 * FAILED, NOBODY, failure_word(rank, why))
 
     def _outside(self, outside, expired: bool) -> bool:
         try:
@@ -189,8 +192,43 @@ class SharedGroup(Channels):
             peer = nxt
         return peer
 
+    def cancel(self, error: PeerError) -> None:
+        """Give the group up (an abort, from any thread): a wait in progress raises ``error``
+        at its next look (within ``CHECK_EVERY_S``), and so does every later call."""
+        self.failure = error
+        buffers = self.buffers
+        if buffers is not None:
+            buffers.native.cancel()
+        self.wake_self()
+
+    def wake_self(self) -> None:
+        """Ring this rank's own doorbell (a watcher thread whose operation on another engine
+        completed); nothing once the segment is unmapped."""
+        with self._unmap_lock:
+            if not self.unmapped:
+                self.ring(self.rank)
+
     def close(self) -> None:
-        """Tell the peers this rank has left (a peer still waiting for it fails at once)."""
-        if not self.closed:
-            self.closed = True
-            self.ctl[self.layout.rank_word(self.rank, CLOSED)] = 1
+        """Leave: tell the peers (a peer still waiting for this rank fails at once), then unmap
+        the segment. The caller sees that no collective of the group runs now (its progress
+        engine is stopped): every later call fails with the group's error before it touches the
+        mapping, and views of the mapping are dropped before it goes. A mapping some numpy view
+        still holds stays mapped (mmap refuses: safe, and freed with the process)."""
+        with self._unmap_lock:
+            if self.unmapped:
+                return
+            if not self.closed:
+                self.closed = True
+                self.ctl[self.layout.rank_word(self.rank, CLOSED)] = 1
+            if self.failure is None:
+                self.failure = PeerError(f"rank {self.ranks[self.rank]}: this rank's shared-memory group is closed",
+                                         peer=None, op="closed")
+            if self.buffers is not None:
+                self.buffers.release()
+                self.buffers = None
+            self.ctl = self.data = None
+            try:
+                self.mm.close()
+                self.unmapped = True
+            except BufferError:       # a view is still alive somewhere: leave it mapped
+                pass

@@ -2,24 +2,26 @@
 
 Every ordered pair src -> dst has a channel: a notice queue written by dst ("a receive for
 tag T of n bytes is posted") and a ring of frames written by src. Both are single-producer
-single-consumer rings with monotonic counters; on x86 (stores are seen in order) a counter
-published after the data it covers is enough. ``Channels.progress`` moves whatever can move,
-for every peer; the inner loops read and write the mapping's words directly (named by
-``segment``'s offsets, each channel's first word found once, at set-up).
+single-consumer rings with monotonic counters: a counter is published (a release store, through
+``_native.store``) after the data it covers is written, and read (an acquire load,
+``_native.load``) before that data is read, which keeps the order on ARM as on x86.
+``Channels.progress`` moves whatever can move, for every peer (each channel's first word found
+once, at set-up).
 """
 
 from __future__ import annotations
 
 import mmap
-import os
+import threading
 from collections import deque
 
 import numpy as np
 import torch
 
 from ....errors import MismatchError, PeerError
-from .segment import (DATA_HEAD, DATA_TAIL, FRAME_BYTES, FRAME_OFFSET, FRAME_TAG, FRAME_WORDS, NOTICE_BYTES,
-                      NOTICE_HEAD, NOTICE_TAG, NOTICE_TAIL, NOTICE_WORDS, QUEUES, SLEEPING, Layout)
+from . import _native
+from .segment import (BELL, DATA_HEAD, DATA_TAIL, FRAME_BYTES, FRAME_OFFSET, FRAME_TAG, FRAME_WORDS,
+                      NOTICE_BYTES, NOTICE_HEAD, NOTICE_TAG, NOTICE_TAIL, NOTICE_WORDS, QUEUES, SLEEPING, Layout)
 
 
 class Op:
@@ -45,13 +47,13 @@ class Channels:
     ``size`` and every peer are local (0..size-1); ``ranks[i]`` is local rank i's rank in the
     process group, which messages name. ``SharedGroup`` adds waiting and failures."""
 
-    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str, bells: list[int],
-                 ranks: list[int] | None = None):
-        self.rank, self.size, self.name, self.mm, self.bells = rank, size, name, mm, bells
+    def __init__(self, rank: int, size: int, mm: mmap.mmap, name: str, ranks: list[int] | None = None):
+        self.rank, self.size, self.name, self.mm = rank, size, name, mm
         self.ranks = list(range(size)) if ranks is None else list(ranks)
         self.layout = lay = Layout.read(mm)
         self.slot_bytes, self.slots, self.notices = lay.slot_bytes, lay.slots, lay.notices
         self.ctl = np.frombuffer(mm, dtype=np.int64, count=lay.words)
+        self.address = self.ctl.ctypes.data                 # the mapping's first byte
         self.data = torch.frombuffer(mm, dtype=torch.uint8)
         self.peers = [p for p in range(size) if p != rank]
         n = size
@@ -61,6 +63,7 @@ class Channels:
         self.frames_in = [lay.frame(p, rank, 0) if p != rank else -1 for p in range(n)]
         self.frames_out = [lay.frame(rank, p, 0) if p != rank else -1 for p in range(n)]
         self.sleeping = [lay.rank_word(p, SLEEPING) for p in range(n)]
+        self.bells = [self.address + 8 * lay.rank_word(p, BELL) for p in range(n)]    # futex words
         self.frame_headers = lay.frames                     # from a channel's first word
         self.notice_tail = [0] * n      # my notices to p (channel p -> me)
         self.data_head = [0] * n        # frames read from p (channel p -> me)
@@ -77,6 +80,8 @@ class Channels:
         self.failure: PeerError | None = None               # the group's, once met: posting raises it
         self.closed = False                                 # this rank has left the group
         self.buffers = None                                 # its SharedBuffers, made on first use
+        self.unmapped = False                               # close() unmapped the segment
+        self._unmap_lock = threading.Lock()
 
     # --- posting ------------------------------------------------------------------------
 
@@ -115,30 +120,26 @@ class Channels:
         ``flush`` and its channel is full (the peer may be blocked on it): until then they
         stay in the channel, so that ``reduce_from`` can add them straight from there."""
         any_moved = False
-        ctl = self.ctl
         for p in self.peers:
             inbound, outbound = self.inbound[p], self.outbound[p]
             moved = False
             if self.to_announce[p]:
                 moved |= self._announce(p, inbound)
-            if self.expecting[p] and self.data_head[p] < ctl[inbound + DATA_TAIL] and (self.wanted[p] or flush):
+            if self.expecting[p] and (self.wanted[p] or flush) and self.data_head[p] < self._load(inbound + DATA_TAIL):
                 moved |= self._receive(p, inbound, flush)
-            if self.notice_head[p] < ctl[outbound + NOTICE_TAIL]:
+            if self.notice_head[p] < self._load(outbound + NOTICE_TAIL):
                 moved |= self._read_notices(p, outbound)
             if self.active[p]:
                 moved |= self._send(p, outbound)
             if moved:
                 any_moved = True
-                if ctl[self.sleeping[p]]:                   # p blocks on its doorbell: ring it
-                    try:
-                        os.write(self.bells[p], b"\0")
-                    except BlockingIOError:                 # full: it has plenty to wake to
-                        pass
+                if self._load(self.sleeping[p]):           # p sleeps on its doorbell: ring it
+                    self.ring(p)
         return any_moved
 
     def _announce(self, p: int, base: int) -> bool:
         ctl, queue = self.ctl, self.to_announce[p]
-        tail, head = self.notice_tail[p], int(ctl[base + NOTICE_HEAD])
+        tail, head = self.notice_tail[p], self._load(base + NOTICE_HEAD)
         if tail - head >= self.notices:
             return False
         while queue and tail - head < self.notices:
@@ -146,12 +147,13 @@ class Channels:
             entry = base + QUEUES + NOTICE_WORDS * (tail % self.notices)
             ctl[entry + NOTICE_TAG], ctl[entry + NOTICE_BYTES] = tag, nbytes
             tail += 1
-        ctl[base + NOTICE_TAIL] = self.notice_tail[p] = tail
+        self._store(base + NOTICE_TAIL, tail)
+        self.notice_tail[p] = tail
         return True
 
     def _read_notices(self, p: int, base: int) -> bool:
         ctl = self.ctl
-        head, tail = self.notice_head[p], int(ctl[base + NOTICE_TAIL])
+        head, tail = self.notice_head[p], self._load(base + NOTICE_TAIL)
         while head < tail:
             entry = base + QUEUES + NOTICE_WORDS * (head % self.notices)
             tag, nbytes = int(ctl[entry + NOTICE_TAG]), int(ctl[entry + NOTICE_BYTES])
@@ -163,12 +165,13 @@ class Channels:
             else:
                 self.offers[p].setdefault(tag, deque()).append(nbytes)
             head += 1
-        ctl[base + NOTICE_HEAD] = self.notice_head[p] = head
+        self._store(base + NOTICE_HEAD, head)
+        self.notice_head[p] = head
         return True
 
     def _send(self, p: int, base: int) -> bool:
         ctl, active, slots, size = self.ctl, self.active[p], self.slots, self.slot_bytes
-        tail, head = self.data_tail[p], int(ctl[base + DATA_HEAD])
+        tail, head = self.data_tail[p], self._load(base + DATA_HEAD)
         if tail - head >= slots:
             return False
         frames, data_at = base + self.frame_headers, self.frames_out[p]
@@ -183,7 +186,8 @@ class Channels:
             entry = frames + FRAME_WORDS * k
             ctl[entry + FRAME_TAG], ctl[entry + FRAME_OFFSET], ctl[entry + FRAME_BYTES] = op.tag, offset, n
             tail += 1
-            ctl[base + DATA_TAIL] = self.data_tail[p] = tail     # published after the data
+            self._store(base + DATA_TAIL, tail)                 # published after the data
+            self.data_tail[p] = tail
             op.moved += 1
             if op.moved == op.frames:
                 op.done = True
@@ -193,7 +197,7 @@ class Channels:
 
     def _receive(self, p: int, base: int, flush: bool) -> bool:
         ctl, slots = self.ctl, self.slots
-        head, tail = self.data_head[p], int(ctl[base + DATA_TAIL])
+        head, tail = self.data_head[p], self._load(base + DATA_TAIL)
         frames, data_at = base + self.frame_headers, self.frames_in[p]
         if not (flush and tail - head >= slots):     # up to the last frame someone waits for
             last = head
@@ -221,7 +225,8 @@ class Channels:
                     op.buf[offset:offset + n].copy_(self.data[start:start + n])
                     op.landed.append((offset, n))
             head += 1
-            ctl[base + DATA_HEAD] = self.data_head[p] = head
+            self._store(base + DATA_HEAD, head)
+            self.data_head[p] = head
             op.moved += 1
             if op.moved == op.frames:
                 op.done = True
@@ -230,6 +235,18 @@ class Channels:
                     del self.posted[(p, tag)]
                 self.expecting[p] -= 1
         return True
+
+    def _load(self, word: int) -> int:
+        """The shared word ``word``, read with acquire order (what it covers is read after)."""
+        return _native.load(self.address + 8 * word)
+
+    def _store(self, word: int, value: int) -> None:
+        """Publish ``value`` at word ``word`` after everything written before it (release)."""
+        _native.store(self.address + 8 * word, value)
+
+    def ring(self, p: int) -> None:
+        """Wake rank ``p`` if it sleeps on its doorbell (a futex word it waits on)."""
+        _native.ring(self.bells[p])
 
     def idle(self) -> bool:
         """Whether nothing of this rank is in flight here: no send left to write, no receive

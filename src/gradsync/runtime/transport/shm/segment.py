@@ -3,16 +3,17 @@
 The segment is int64 control words, then the frames' data from the next page boundary:
 
 - the header, one cache line: ``MAGIC_WORD`` .. ``NOTICES_WORD`` (how it is laid out), then
-  ``FAILED`` (the group's failed rank, -1: none), ``WHY`` (how: ``DIED`` ... ``REMOTE``) and
+  ``FAILED`` (the group's failed rank and how, in one word written by one compare-and-swap:
+  ``(why << 32) | rank``, -1: none; ``failure_word``), a spare word, and
   ``REGION_WORD`` (the shared buffers' slot size); then, on a line of its own, ``GENERATION``:
   the last barrier of the shared buffers every rank reached (low 32 bits, a futex word the
   waiting ranks sleep on; high 32 bits: someone sleeps on it);
 - per rank, one cache line: ``PID`` and ``START`` (its process and that process's start time),
   ``BLOCKED`` (the rank it waits for: ``NOBODY``, or ``ACROSS`` for a rank of another host),
-  ``CLOSED`` (it has left) and ``SLEEPING`` (it blocks on its doorbell: ring it);
-- per rank, ``ARRIVED``: the last barrier it reached on the shared buffers (the low 32 bits
-  are a futex word: waiting ranks sleep on it in the kernel until it changes), and ``DIGEST``
-  (two words): the digest of the collective it runs there, compared after the first barrier;
+  ``CLOSED`` (it has left), ``SLEEPING`` (it sleeps on its doorbell: ring it), ``ARRIVED``
+  (the last barrier it reached on the shared buffers; low 32 bits) and ``BELL`` (its doorbell:
+  a counter whose low 32 bits are the futex word it sleeps on while it waits for messages;
+  a peer that moved something for it adds one and wakes it);
 - per ordered pair src -> dst, a channel: its four counters (``DATA_TAIL``, ``DATA_HEAD``,
   ``NOTICE_TAIL``, ``NOTICE_HEAD``, one cache line each), then ``notices`` notice entries
   written by dst (``NOTICE_TAG``, ``NOTICE_BYTES``), then ``slots`` frame headers written by
@@ -36,22 +37,21 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 PREFIX = "gradsync-"
-MAGIC = 0x67726473686D3032          # "grdshm02"
+MAGIC = 0x67726473686D3033          # "grdshm03"
 DATA_BUDGET = 512 << 20             # the most frame space one group's segment holds
 REGION_BUDGET = 256 << 20           # the most shared-buffer space (both parities, every rank)
 REGION_MAX = 32 << 20               # the largest slot: bigger collectives go through it in pieces
 SLOT_HEADER = 64                    # a slot's digest, before its data (one cache line)
-BELLS = ".bells"                    # the segment's directory of doorbells, one FIFO per rank
 NOTICES = 256                       # posted receives a channel can announce at once
 PAGE = 4096
 
 # the header's words
-MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED, WHY, REGION_WORD, GENERATION = range(9)
+MAGIC_WORD, SIZE_WORD, SLOT_BYTES_WORD, SLOTS_WORD, NOTICES_WORD, FAILED, SPARE, REGION_WORD, GENERATION = range(9)
 HEADER_WORDS = 16
 # each rank's words, from its first
-PID, START, BLOCKED, CLOSED, SLEEPING, ARRIVED = range(6)
+PID, START, BLOCKED, CLOSED, SLEEPING, ARRIVED, BELL = range(7)
 RANK_WORDS = 8
-# WHY's values: how the FAILED rank failed (REMOTE: a rank of another host, named by the engine)
+# how the FAILED rank failed (REMOTE: a rank of another host, named by the engine)
 DIED, LEFT, SILENT, REMOTE = 1, 2, 3, 4
 # BLOCKED's values besides a rank
 NOBODY, ACROSS = -1, -2
@@ -59,6 +59,15 @@ NOBODY, ACROSS = -1, -2
 DATA_TAIL, DATA_HEAD, NOTICE_TAIL, NOTICE_HEAD, QUEUES = 0, 8, 16, 24, 32
 NOTICE_WORDS, NOTICE_TAG, NOTICE_BYTES = 2, 0, 1                      # a notice entry
 FRAME_WORDS, FRAME_TAG, FRAME_OFFSET, FRAME_BYTES = 4, 0, 1, 2        # a frame header
+
+
+def failure_word(rank: int, why: int) -> int:
+    """The FAILED word naming ``rank`` (its rank in the process group) and how it failed.
+
+    >>> failure_word(3, DIED) >> 32, failure_word(3, DIED) & 0xFFFFFFFF
+    (1, 3)
+    """
+    return (why << 32) | rank
 
 
 def layout(size: int) -> tuple[int, int]:
@@ -196,16 +205,13 @@ def sweep(directory: str = SHM_DIR) -> list[str]:
 
 
 def create(size: int) -> tuple[str, mmap.mmap]:
-    """A new segment for ``size`` ranks, and its doorbells: its name and this process's mapping."""
+    """A new segment for ``size`` ranks: its name and this process's mapping."""
     lay = Layout.for_size(size)
     free = os.statvfs(SHM_DIR)
     if free.f_bavail * free.f_frsize < lay.nbytes:     # touching pages past a full tmpfs is SIGBUS, not an error
         raise OSError(f"{SHM_DIR} has {free.f_bavail * free.f_frsize >> 20} MB free, the segment needs "
                       f"{lay.nbytes >> 20} MB")
     name = f"{PREFIX}{os.getuid()}-{os.getpid()}-{secrets.token_hex(16)}"
-    os.mkdir(os.path.join(SHM_DIR, name + BELLS), 0o700)
-    for r in range(size):
-        os.mkfifo(os.path.join(SHM_DIR, name + BELLS, str(r)), 0o600)
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, lay.nbytes)
@@ -237,11 +243,6 @@ def open_segment(name: str, size: int) -> mmap.mmap:
     return mm
 
 
-def open_bells(name: str, size: int) -> list[int]:
-    """Every rank's doorbell, opened to read (its own) and write (a peer's), never blocking."""
-    return [os.open(os.path.join(SHM_DIR, name + BELLS, str(r)), os.O_RDWR | os.O_NONBLOCK) for r in range(size)]
-
-
 def check_in(mm: mmap.mmap, rank: int) -> None:
     """Write this process and its start time into rank ``rank``'s words, for the peers' checks."""
     lay = Layout.read(mm)
@@ -252,9 +253,8 @@ def check_in(mm: mmap.mmap, rank: int) -> None:
 
 
 def remove(name: str) -> None:
-    """Unlink a segment and its doorbells (open mappings and descriptors live on)."""
+    """Unlink a segment (open mappings live on)."""
     try:
         os.unlink(os.path.join(SHM_DIR, name))
     except OSError:
         pass
-    shutil.rmtree(os.path.join(SHM_DIR, name + BELLS), ignore_errors=True)

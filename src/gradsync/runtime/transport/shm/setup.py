@@ -13,14 +13,13 @@ from __future__ import annotations
 import atexit
 import functools
 import datetime
-import os
 
 from ....errors import PeerError
 from ...state import STATE, group_state
 from ..base import group_key, group_name, store_prefix
 from ..hosts import host_map
 from .group import SharedGroup
-from .segment import check_in, create, open_bells, open_segment, remove, sweep
+from .segment import check_in, create, open_segment, remove, sweep
 
 WHOLE, HOST = "shm", "shm host"       # the group state's slots: the whole group's segment, this host's
 
@@ -77,7 +76,7 @@ def _setup(store, prefix: str, rank: int, size: int, timeout: float, ranks: list
     Returns the ``SharedGroup``, or why not (the same answer on every rank)."""
     _leave_at_exit()
     wait = datetime.timedelta(seconds=timeout)
-    mm, name, problem, bells = None, "", "", []
+    mm, name, problem = None, "", ""
     try:
         if rank == 0:
             sweep()
@@ -88,7 +87,6 @@ def _setup(store, prefix: str, rank: int, size: int, timeout: float, ranks: list
             if name.startswith("!"):
                 raise OSError(name[1:])
             mm = open_segment(name, size)
-        bells = open_bells(name, size)
         check_in(mm, rank)
     except (OSError, ValueError) as exc:
         problem = str(exc) if name.startswith("!") else f"rank {ranks[rank]} could not map the segment: {exc}"
@@ -103,10 +101,10 @@ def _setup(store, prefix: str, rank: int, size: int, timeout: float, ranks: list
             remove(name)
     problems = [p for p in reports if p != "ok"]
     if problems:
-        for fd in bells:
-            os.close(fd)
+        if mm is not None:
+            mm.close()
         return problems[0]
-    return SharedGroup(rank, size, mm, name, bells, ranks)
+    return SharedGroup(rank, size, mm, name, ranks)
 
 
 def _everyone(store, keys: list[str], wait, rank: int, ranks: list[int]) -> list[str]:

@@ -1,0 +1,268 @@
+"""The one choice: how a group runs a collective of a given size, measured on this machine.
+
+``choose(comm, collective, dtype, nbytes)`` answers "auto" for every caller: the backend's
+process group, ``gradsync.all_reduce(algorithm="auto")``, ``gradsync bench --algorithms auto``
+and the MPI entry point. The candidates are the engine's own collective (Gloo's, MPI's), the
+shared-buffer collectives where every rank shares this host ("one_host"), and gradsync's
+schedules over the group's transport (``candidates``). The engine is always a candidate, and
+another wins a size only where its median took at most ``MARGIN`` of the engine's: so auto is
+never slower than the engine beyond the cost of its own dispatch.
+
+At a group's first call of a collective, every rank times every candidate at ``SIZES`` (the
+slowest rank's median counts; the candidates take turns call by call, each call after the
+engine's barrier, so the ranks arrive unevenly as they do after their own work), stopping
+before a size that would pass ``budget()`` seconds. A size inside the measured range takes the
+verdict of the nearest measured size (on a log scale); a larger one is decided by a cost model
+fitted to the measurements, time = a + b x bytes per candidate over its largest measured sizes
+(the least predicted time wins, the engine on a tie within the margin), not by the nearest
+verdict: the rates differ most where nothing was measured.
+
+The measurements are cached per host in a JSON file (``cache_path()``: GRADSYNC_AUTO_CACHE, else
+~/.cache/gradsync/backend-auto.json), keyed by collective, group size, hosts, ranks per host,
+transport, engine and torch version; the next job on the host reads them. Rank 0's copy is
+broadcast, so every rank chooses alike. GRADSYNC_AUTO_BUDGET=0 turns measuring off (auto is
+then the engine, unless the cache has the group's shape).
+
+Broadcast and barrier are not measured: they take the shared buffers on one host (one copy
+through memory against Gloo's loopback TCP) and the engine elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = (4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20)     # bytes
+MARGIN = 0.95          # a candidate must take at most this fraction of the engine's time
+DEFAULT_BUDGET = 2.0   # seconds of measuring per collective and group, once per host (cached)
+FIT_POINTS = 3         # the largest measured sizes the cost model is fitted to
+ENV_CACHE, ENV_BUDGET = "GRADSYNC_AUTO_CACHE", "GRADSYNC_AUTO_BUDGET"
+METHOD = "median-interleaved-after-barrier/times/2"   # what the cache holds; another method's is not reused
+
+
+def cache_path() -> Path:
+    """Where measurements are cached: GRADSYNC_AUTO_CACHE, else ~/.cache/gradsync/backend-auto.json.
+
+    >>> cache_path().name.endswith(".json")
+    True
+    """
+    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "gradsync" / "backend-auto.json")
+
+
+def budget() -> float:
+    """Seconds a group may spend measuring one collective (GRADSYNC_AUTO_BUDGET, default 2).
+
+    >>> budget() >= 0
+    True
+    """
+    return float(os.environ.get(ENV_BUDGET, DEFAULT_BUDGET))
+
+
+class Verdicts:
+    """What was measured for one collective on one group: the median seconds of each candidate
+    at each measured size, and the choice they imply at any size.
+
+    >>> v = Verdicts((4096, 32768), {"engine": [1e-4, 2e-4], "ring": [2e-4, 1e-4]})
+    >>> v.pick(4096), v.pick(40000), v.pick(1 << 30)
+    ('engine', 'ring', 'ring')
+    """
+
+    def __init__(self, sizes: tuple, times: dict[str, list[float]]):
+        self.sizes, self.times = tuple(sizes), times
+
+    def pick(self, nbytes: int) -> str:
+        """The candidate for ``nbytes``: the nearest measured size's winner, or past the largest
+        measured size the least time by each candidate's fitted cost model."""
+        if not self.sizes:
+            return "engine"
+        if nbytes > self.sizes[-1] and len(self.sizes) >= 2:
+            predicted = {name: self._model(t)(nbytes) for name, t in self.times.items()}
+            return _winner(predicted)
+        logs = [abs(math.log(max(nbytes, 1) / s)) for s in self.sizes]
+        i = logs.index(min(logs))
+        return _winner({name: t[i] for name, t in self.times.items()})
+
+    def _model(self, times: list[float]):
+        """time = a + b x bytes, least squares over the largest ``FIT_POINTS`` measured sizes."""
+        xs, ys = self.sizes[-FIT_POINTS:], times[len(self.sizes) - len(self.sizes[-FIT_POINTS:]):]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var else 0.0
+        a = max(0.0, my - b * mx)
+        return lambda n: a + b * n
+
+    def table(self, collective: str) -> list[dict]:
+        """One row per measured size: its choice and every candidate's median time."""
+        return [{"collective": collective, "bytes": size, "choice": self.pick(size),
+                 "seconds": {name: t[i] for name, t in self.times.items()}} for i, size in enumerate(self.sizes)]
+
+
+def _winner(times: dict[str, float]) -> str:
+    """The fastest candidate if it beats the engine by the margin, else the engine."""
+    engine = times.get("engine", math.inf)
+    best = min((name for name in times if name != "engine"), key=lambda n: times[n], default="engine")
+    return best if best != "engine" and times[best] <= MARGIN * engine else "engine"
+
+
+def candidates(comm, kind: str) -> list[str]:
+    """What auto weighs for ``kind`` on ``comm``'s group, the engine first: on one host the
+    shared-buffer collectives and the ring over shared memory; across hosts the ring, halving-
+    doubling (N a power of two; else tree for all-reduce, sharded for the halves) and, where
+    every host holds the same number of consecutive ranks, hierarchical.
+
+    Example: ``candidates(comm, "all_reduce")`` is ["engine", "one_host", "ring"] on one host.
+    """
+    from .halves import produces
+
+    workers = comm.size
+    if comm.shared() is not None:
+        return ["engine", "one_host", "ring"]
+    engine = ["engine"] if comm.engine.takes(kind, torch.float32, "sum") else []
+    power_of_two = workers & (workers - 1) == 0
+    out = engine + ["ring", "halving_doubling" if power_of_two else ("tree" if kind == "all_reduce" else "sharded")]
+    local = comm.hosts().local_size()
+    if local is not None and 1 < local < workers:
+        out.append("hierarchical")
+    return [c for c in out if c == "engine" or kind == "all_reduce" or kind in produces(c, workers)]
+
+
+def choose(comm, kind: str, dtype, nbytes: int) -> str:
+    """"engine", "one_host" or the algorithm auto runs ``kind`` of ``nbytes`` with on ``comm``.
+
+    Example: ``choose(comm, "all_reduce", torch.float32, 1 << 20)`` is "one_host" on one host.
+    """
+    if comm.size == 1:
+        return "engine"
+    if kind in ("broadcast", "barrier"):
+        return "one_host" if comm.shared() is not None else "engine"
+    verdicts = comm.verdicts.get(kind)
+    if verdicts is None:
+        verdicts = comm.verdicts[kind] = _verdicts(comm, kind)
+    return verdicts.pick(nbytes)
+
+
+def table(comm) -> list[dict]:
+    """What auto has measured on ``comm``'s group, one row per collective and size."""
+    return [row for kind, v in sorted(comm.verdicts.items()) for row in v.table(kind)]
+
+
+def _key(comm, kind: str) -> str:
+    found = comm.hosts()
+    return (f"{kind}|size={comm.size}|hosts={found.hosts}|local={found.local_size()}"
+            f"|over={comm.schedule_transport()}|engine={comm.engine.name}|torch={torch.__version__}|{METHOD}")
+
+
+def _verdicts(comm, kind: str) -> Verdicts:
+    """This group's measurements: the cached ones if rank 0 has them, else measured now."""
+    names = candidates(comm, kind)
+    key = _key(comm, kind)
+    cached = _load().get(key) if comm.rank == 0 else None
+    usable = isinstance(cached, dict) and sorted(cached.get("times", {})) == sorted(names)
+    text = json.dumps(cached if usable else None).encode()
+    shared = _broadcast_bytes(comm, text)
+    found = json.loads(shared.decode())
+    if found is not None:
+        return Verdicts(tuple(found["sizes"]), found["times"])
+    verdicts = _measure(comm, kind, names) if budget() > 0 else Verdicts((), {})
+    if verdicts.sizes and comm.rank == 0:
+        _save(key, {"sizes": list(verdicts.sizes), "times": verdicts.times})
+    return verdicts
+
+
+def _measure(comm, kind: str, names: list[str]) -> Verdicts:
+    """Each candidate's median at each size (the slowest rank's); stop before a size that would
+    pass the budget. Every rank sees the same times, so all stop alike."""
+    sizes, times, spent, limit = [], {name: [] for name in names}, 0.0, budget()
+    for size in SIZES:
+        started = time.monotonic()
+        medians = _timed(comm, names, kind, size, 9 if size <= (256 << 10) else 3)
+        measured = torch.tensor(medians + [time.monotonic() - started], dtype=torch.float64)
+        _engine_max(comm, measured)
+        sizes.append(size)
+        for i, name in enumerate(names):
+            times[name].append(float(measured[i]))
+        spent += float(measured[-1])
+        # the next size is 8x larger: below 256 KB the fixed costs dominate and a size costs
+        # about as much as the last; from there on, about 8x as much
+        if spent + (8 if size >= (256 << 10) else 2) * float(measured[-1]) > limit:
+            break
+    return Verdicts(tuple(sizes), times)
+
+
+def _timed(comm, names: list[str], kind: str, size: int, reps: int) -> list[float]:
+    """Each candidate's median seconds over ``reps`` calls, taking turns call by call (a drift of
+    the machine's load falls on all alike). The median, not the best: a candidate that is fast
+    only now and then must not win."""
+    tensors = _trial_tensors(kind, comm.size, size)
+    plans = {name: comm._build(kind, name, torch.float32, "sum", True) for name in names}
+    for name in names:
+        _trial(comm, plans[name], tensors)      # warm: plans compiled, digests agreed, segments mapped
+    seconds = [[] for _ in names]
+    for _ in range(reps):
+        for i, name in enumerate(names):
+            seconds[i].append(_trial(comm, plans[name], tensors))
+    return [statistics.median(s) for s in seconds]
+
+
+def _trial_tensors(kind: str, workers: int, nbytes: int) -> tuple:
+    n = max(workers, nbytes // 4 // workers * workers)
+    full, part = torch.ones(n), torch.ones(n // workers)
+    return {"all_reduce": (full,), "reduce_scatter": (part, full), "all_gather": (full, part)}[kind]
+
+
+def _trial(comm, plan, tensors) -> float:
+    _wait(comm.engine.barrier())
+    started = time.monotonic()
+    plan.start(tensors, False)
+    return time.monotonic() - started
+
+
+def _wait(work) -> None:
+    if work is not None:
+        work.wait()
+
+
+def _engine_max(comm, tensor: torch.Tensor) -> None:
+    if hasattr(comm.engine, "comm"):                  # MPI
+        comm.engine.all_reduce(tensor, "max")
+    else:
+        _wait(comm.engine.all_reduce(tensor, "max"))
+
+
+def _broadcast_bytes(comm, data: bytes) -> bytes:
+    """Rank 0's ``data`` on every rank (its length first, then its bytes, by the engine)."""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    _wait(comm.engine.broadcast(length, 0))
+    buffer = torch.zeros(int(length[0]), dtype=torch.uint8)
+    if comm.rank == 0:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    _wait(comm.engine.broadcast(buffer, 0))
+    return bytes(buffer.tolist())
+
+
+def _load() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(key: str, value: dict) -> None:
+    """Add this group's measurements to the host's cache (written whole and renamed)."""
+    path = cache_path()
+    data = _load()
+    data[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:           # an unwritable cache costs a measurement next time, nothing more
+        pass

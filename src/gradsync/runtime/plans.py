@@ -1,0 +1,206 @@
+"""The plans of a communicator (``communicator``): what a call signature runs, made at its first
+call and kept, so that a repeated call goes straight to the work.
+
+- ``EnginePlan``: the engine's own collective (Gloo's, NCCL's, MPI's), started here and waited
+  for in the caller's thread;
+- ``SharedPlan``: the shared-buffer collectives of one host (``transport.shm.buffers``, in C),
+  all-reduce by the read program of one_shot or sharded;
+- ``SchedulePlan``: a gradsync schedule's messages over the group's transport: all-reduce as
+  the whole schedule (``prepare.build``), the others as its halves (``halves``).
+
+Each plan's ``start(tensors, async_op)`` returns the result (blocking) or a ``pending.Pending``,
+records the collective in the flight recorder, and makes a peer's failure the group's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import torch
+
+from .. import algorithms
+from ..errors import ConfigError
+from . import halves, reads
+from .agree import digest
+from .flight import RECORDER
+from .pending import EnginePending
+from .request import Request
+
+
+def schedule_takes(kind: str, algorithm: str, dtype, op) -> bool:
+    """Whether a schedule can run this call: its REDUCE adds (sum, avg) and its dtype is one the
+    algorithm takes; otherwise the call goes to the engine, never to a refusal."""
+    if kind in ("all_reduce", "reduce_scatter") and op not in ("sum", "avg"):
+        return False
+    if dtype is None:
+        return True
+    from ..errors import ConfigError as Refused
+
+    try:
+        algorithms.get(algorithm).check_dtype(str(dtype).removeprefix("torch."))
+    except Refused:
+        return False
+    return not (op == "avg" and not dtype.is_floating_point)
+
+
+
+class EnginePlan:
+    """The engine's own collective: started here, waited for in the caller's thread."""
+
+    def __init__(self, comm, kind: str, op):
+        self.comm, self.kind, self.op = comm, kind, op
+        self.method = getattr(comm.engine, kind)
+        # what the engine's method takes after the tensors: the op, the broadcast's root
+        self.extra = () if kind in ("all_gather", "barrier") else (op,)
+        self.divide = kind in ("all_reduce", "reduce_scatter") and comm.engine.divide_after(op)
+        self.label = f"engine:{comm.engine.name}/{kind}"
+
+    def start(self, tensors: tuple, async_op: bool):
+        comm = self.comm
+        if comm.failure is not None:
+            raise comm.failure
+        first = tensors[0] if tensors else None
+        entry = RECORDER.begin(comm.key, comm.rank, comm.size, self.label, 0 if first is None else first.numel(),
+                               1 if first is None else first.element_size(), None if first is None else first.dtype)
+        work = self.method(*tensors, *self.extra)
+        pending = EnginePending(work, first, self._failure, lambda exc: self._ended(entry, exc, first))
+        if work is None:                    # MPI: it has ended
+            pending.settle(None)
+        return pending if async_op else pending.wait()
+
+    def _ended(self, entry, exc, first):
+        if exc is None and self.divide:
+            first.div_(self.comm.size)
+        RECORDER.end(entry, exc)
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        from .transport.distributed import named_failure
+
+        return self.comm.fail(named_failure(self.comm.group, self.label, exc))
+
+
+class SharedPlan:
+    """A collective on the shared buffers of one host (C: ``transport.shm.native``)."""
+
+    def __init__(self, comm, kind: str, op, algorithm: str | None):
+        self.comm, self.kind, self.op, self.algorithm = comm, kind, op, algorithm
+        self.buffers = comm.shared()
+        self._program = None                 # (algorithm, program of a piece), at the first call
+        self.label = "one_host" if kind == "all_reduce" and algorithm is None else \
+            (algorithm or "one_host") + ("" if kind == "all_reduce" else f"/{kind}")
+
+    def start(self, tensors: tuple, async_op: bool):
+        comm = self.comm
+        if comm.failure is not None:
+            raise comm.failure
+        out = comm.run(self.job, tensors, async_op)
+        return out
+
+    def job(self, *tensors):
+        comm, buffers = self.comm, self.buffers
+        first = tensors[0] if tensors else None
+        entry = RECORDER.begin(comm.key, comm.rank, comm.size, self.label, 0 if first is None else first.numel(),
+                               1 if first is None else first.element_size(), None if first is None else first.dtype,
+                               1, buffers.group)
+        deadline = time.monotonic() + comm.timeout
+        try:
+            result = self._run(buffers, tensors, deadline)
+        except BaseException as exc:
+            RECORDER.end(entry, exc)
+            raise comm.fail(exc) from None
+        RECORDER.end(entry)
+        return result
+
+    def _program_of(self, t: torch.Tensor):
+        """The read program of a piece (for this plan's size: the algorithm is fixed)."""
+        workers, rank = self.comm.size, self.buffers.rank
+        algorithm = self.algorithm or reads.choose(t.numel() * t.element_size(), workers)
+        return algorithm, lambda m: reads.packed(algorithm, workers, m, rank)
+
+    def _run(self, buffers, tensors, deadline):
+        kind = self.kind
+        if kind == "all_reduce":
+            t = tensors[0]
+            if self._program is None:
+                self._program = self._program_of(t)
+            algorithm, program_of = self._program
+            buffers.all_reduce(t.view(-1), self.op, program_of, deadline, _signature(kind, t, self.op, algorithm))
+            return t
+        if kind == "reduce_scatter":
+            out, inp = tensors
+            return buffers.reduce_scatter(out, inp, self.op, deadline, _signature(kind, out, self.op))
+        if kind == "all_gather":
+            out, inp = tensors
+            return buffers.all_gather(out, inp, deadline, _signature(kind, inp))
+        if kind == "broadcast":
+            return buffers.broadcast(tensors[0].view(-1), self.op, deadline, _signature(kind, tensors[0], self.op))
+        buffers.barrier(deadline)
+        return None
+
+
+def _signature(kind: str, tensor: torch.Tensor, *more) -> bytes:
+    return _digests(kind, tensor.dtype, tensor.numel(), more)
+
+
+_DIGESTS: OrderedDict = OrderedDict()
+
+
+def _digests(kind, dtype, numel, more) -> bytes:
+    """The digest of a collective's description, cached (a training loop repeats a few)."""
+    key = (kind, dtype, numel, more)
+    found = _DIGESTS.get(key)
+    if found is None:
+        found = _DIGESTS[key] = digest({"collective": kind, "dtype": str(dtype), "elements": numel,
+                                        "more": [str(m) for m in more]})
+        if len(_DIGESTS) > 1024:
+            _DIGESTS.popitem(last=False)
+    return found
+
+
+class SchedulePlan:
+    """A gradsync schedule's messages over the group's transport: all-reduce as the whole
+    schedule, the other collectives as its halves (``halves``)."""
+
+    def __init__(self, comm, kind: str, algorithm: str, op):
+        if kind == "barrier":
+            raise ConfigError(f"barrier runs on the engine or the shared buffers, not as {algorithm!r}")
+        spec = algorithms.get(algorithm)
+        if not spec.exact:
+            raise ConfigError(f"{kind} of the backend takes exact algorithms, not {algorithm!r}")
+        self.comm, self.kind, self.algorithm, self.op = comm, kind, algorithm, op
+
+    def start(self, tensors: tuple, async_op: bool):
+        comm = self.comm
+        if comm.failure is not None:
+            raise comm.failure
+        collective = self._collective(tensors)
+        return comm.run(lambda *t: self._job(collective), (), async_op)
+
+    def _job(self, collective):
+        try:
+            return collective.start(inline=True).wait()
+        except BaseException as exc:
+            raise self.comm.fail(exc) from None
+
+    def _collective(self, tensors):
+        comm, kind = self.comm, self.kind
+        deadline = time.monotonic() + comm.timeout
+        transport = comm.messages()
+        try:
+            trace = comm.trace
+            if kind == "all_reduce":
+                from .prepare import build
+
+                request = Request.checked(tensors[0], self.algorithm, self.op, comm.timeout, transport=None,
+                                          trace=trace)
+                return build(request, transport, deadline)
+            if kind == "reduce_scatter":
+                return halves.reduce_scatter(tensors[0], tensors[1], self.algorithm, transport, deadline, self.op,
+                                             trace=trace)
+            if kind == "all_gather":
+                return halves.all_gather(tensors[0], tensors[1], self.algorithm, transport, deadline, trace=trace)
+            return halves.broadcast(tensors[0], self.op, self.algorithm, transport, deadline, trace=trace)
+        except BaseException:
+            transport.close()
+            raise
