@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import weakref
 
 import torch
@@ -34,7 +35,7 @@ from ..runtime.engines import TorchEngine
 from ..runtime.flight import RECORDER
 from ..runtime.transport.base import group_key
 from . import config
-from .work import EngineWork, Joined, Then, Work, in_torch_terms
+from .work import EngineWork, Joined, RankFailure, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
 INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
@@ -85,14 +86,14 @@ class GradsyncGroup(dist.ProcessGroup):
         # under torchrun's elastic agent the store outlives a restart: the keys of a dead attempt's
         # engine must not be read by the next one (they name listeners that are gone)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.engines = {"cpu": dist.ProcessGroupGloo(dist.PrefixStore(f"gradsync/gloo/{attempt}/", store), rank,
-                                                     size, timeout)}
+        self.engines = {"cpu": _gloo(dist.PrefixStore(f"gradsync/gloo/{attempt}/", store), rank, size, timeout)}
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self.engines["cpu"])
         if torch.cuda.is_available() and dist.is_nccl_available():     # CUDA tensors go to NCCL
             nccl = dist.ProcessGroupNCCL(dist.PrefixStore(f"gradsync/nccl/{attempt}/", store), rank, size)
             self.engines["cuda"] = nccl
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
         self._comm = None                  # the communicator, made at the first collective (torch knows the group by then)
+        self._global = None                # its ranks in the world, for a subgroup (``global_ranks``)
         self.closed = False
 
     # --- choices and the communicator ----------------------------------------------------------
@@ -118,6 +119,7 @@ class GradsyncGroup(dist.ProcessGroup):
 
             comm = self._comm = Communicator(self, TorchEngine(self.engines["cpu"]), self.timeout,
                                              self.choices["transport"])
+            self.global_ranks()
         return comm
 
     def _run(self, kind: str, call, tensors: tuple, nbytes: int, result):
@@ -129,8 +131,15 @@ class GradsyncGroup(dist.ProcessGroup):
         try:
             out = call(comm, algorithm, nbytes > INLINE_MAX)
         except BaseException as exc:         # refused at once, or the group had failed: torch's error
-            raise in_torch_terms(exc) from None
-        return Work(out if not isinstance(out, (torch.Tensor, type(None))) else None, result)
+            raise in_torch_terms(exc, self.global_ranks()) from None
+        return Work(out if not isinstance(out, (torch.Tensor, type(None))) else None, result, self._global)
+
+    def global_ranks(self) -> tuple | None:
+        """The group's ranks in the world (None for the world itself, where they are the same):
+        failures name ranks by them."""
+        if self._global is None and self._comm is not None and self._comm.key != "torch/world":
+            self._global = tuple(dist.get_process_group_ranks(self))
+        return self._global
 
     def engine(self, device: torch.device):
         """The engine backend for tensors on ``device`` (Gloo for CPU, NCCL for CUDA)."""
@@ -151,7 +160,7 @@ class GradsyncGroup(dist.ProcessGroup):
             entry = RECORDER.begin(self._key(), self.rank(), self.size(), f"engine:gloo/{kind}",
                                    0 if tensor is None else tensor.numel(), 1 if tensor is None else tensor.element_size(),
                                    None if tensor is None else tensor.dtype)
-        return EngineWork(work, weakref.ref(self), f"gloo's {kind}", entry)
+        return EngineWork(work, weakref.ref(self), f"gloo's {kind}", entry, self._global)
 
     def _key(self) -> str:
         comm = self._comm
@@ -364,6 +373,29 @@ def _scatter_into(outs, flat) -> None:
         o.copy_(part.view(o.shape))
 
 
+def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
+    """The Gloo engine; a rank that never joins it is named (torch's error names only a key)."""
+    try:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    except dist.DistStoreError as exc:
+        missing = [int(k) for k in re.findall(r"/(\d+)(?=,|\s|$)", str(exc).partition("keys:")[2])]
+        peer = missing[0] if missing else None
+        raise RankFailure(f"rank {rank}: rank(s) {missing} did not join the group within its timeout "
+                          f"({timeout.total_seconds():g} s): {str(exc).splitlines()[0][:200]}",
+                          peer=peer, op="setup") from None
+
+
+def _timeout(timeout: datetime.timedelta) -> datetime.timedelta:
+    """A subgroup made without a timeout (DeviceMesh's, torch's 30-minute default) takes the
+    default group's, as a user who gave ``init_process_group`` one expects: else a stopped
+    rank would be waited for 30 minutes in an HSDP shard group."""
+    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    mine = getattr(default, "timeout", None)
+    if timeout == dist.default_pg_timeout and isinstance(mine, float) and mine < timeout.total_seconds():
+        return datetime.timedelta(seconds=mine)
+    return timeout
+
+
 def create(opts, backend_options=None) -> GradsyncGroup:
     """The creator torch.distributed calls (``extended_api=True``): ``opts`` carries the
     group's store, rank, size and timeout. The algorithm choices are read here, so a bad
@@ -371,4 +403,4 @@ def create(opts, backend_options=None) -> GradsyncGroup:
 
     Example: ``dist.Backend.register_backend("gradsync", create, extended_api=True, devices=["cpu"])``.
     """
-    return GradsyncGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return GradsyncGroup(opts.store, opts.group_rank, opts.group_size, _timeout(opts.timeout))

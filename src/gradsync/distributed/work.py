@@ -4,6 +4,8 @@ torch's terms (``RankFailure``: both gradsync's ``PeerError`` and torch's ``Dist
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 
@@ -22,16 +24,30 @@ class RankFailure(PeerError, dist.DistBackendError):
     """
 
 
-def in_torch_terms(exc: BaseException) -> BaseException:
+def in_torch_terms(exc: BaseException, ranks: tuple | None = None) -> BaseException:
     """The error to hand to torch: a ``PeerError`` becomes a ``RankFailure`` with its message,
-    peer and operation; anything else stays as it is.
+    peer and operation; anything else stays as it is. ``ranks``: the group's global ranks, for a
+    subgroup (a DeviceMesh's, ``new_group``'s): its message and ``peer`` then name every rank by
+    its global rank (torchrun's RANK), not by its place in the subgroup.
 
     >>> type(in_torch_terms(PeerError("lost", peer=1))).__name__
     'RankFailure'
+    >>> e = in_torch_terms(PeerError("rank 0: rank 1 died; rank(s) [1] missing", peer=1), (2, 3)); e.peer, str(e)
+    (3, 'rank 2: rank 3 died; rank(s) [3] missing (ranks are global: this group holds ranks 2, 3)')
     """
-    if isinstance(exc, PeerError) and not isinstance(exc, RankFailure):
+    if not isinstance(exc, PeerError) or (isinstance(exc, RankFailure) and ranks is None):
+        return exc
+    if ranks is None:
         return RankFailure(str(exc), peer=exc.peer, op=exc.op)
-    return exc
+    def one(r: str) -> str:
+        return str(ranks[int(r)]) if int(r) < len(ranks) else r
+
+    text = re.sub(r"\brank (\d+)\b", lambda m: f"rank {one(m.group(1))}", str(exc))
+    text = re.sub(r"rank\(s\) \[([\d, ]+)\]",
+                  lambda m: "rank(s) [" + ", ".join(one(r) for r in m.group(1).split(", ")) + "]", text)
+    peer = exc.peer if exc.peer is None or exc.peer >= len(ranks) else ranks[exc.peer]
+    return RankFailure(f"{text} (ranks are global: this group holds ranks {', '.join(map(str, ranks))})",
+                       peer=peer, op=exc.op)
 
 
 class Work(dist.Work):
@@ -45,16 +61,16 @@ class Work(dist.Work):
     (True, True, [1.0])
     """
 
-    def __init__(self, pending: Pending | None, result):
+    def __init__(self, pending: Pending | None, result, ranks: tuple | None = None):
         super().__init__()
-        self._pending, self._result = pending, result
+        self._pending, self._result, self._ranks = pending, result, ranks
 
     def wait(self, timeout=None) -> bool:
         if self._pending is not None:
             try:
                 self._pending.wait()
             except BaseException as exc:
-                raise in_torch_terms(exc) from None
+                raise in_torch_terms(exc, self._ranks) from None
         return True
 
     def is_completed(self) -> bool:
@@ -65,7 +81,7 @@ class Work(dist.Work):
 
     def exception(self):
         error = None if self._pending is None else self._pending.error()
-        return None if error is None else in_torch_terms(error)
+        return None if error is None else in_torch_terms(error, self._ranks)
 
     def result(self):
         self.wait()
@@ -77,7 +93,7 @@ class Work(dist.Work):
         if self._pending.done():
             error = self.exception()
             return failing_future(error) if error is not None else done_future(self._result)
-        return self._pending.future(self._result, in_torch_terms)
+        return self._pending.future(self._result, lambda exc: in_torch_terms(exc, self._ranks))
 
 
 def failed(error: BaseException, result) -> Work:
@@ -155,9 +171,9 @@ class EngineWork(dist.Work):
     Gloo's; ``wait()`` names the failed rank as a ``RankFailure`` (Gloo says only that a
     connection closed) and ends its flight recorder ``entry``."""
 
-    def __init__(self, work, group_ref, what: str, entry=None):
+    def __init__(self, work, group_ref, what: str, entry=None, ranks: tuple | None = None):
         super().__init__()
-        self._inner, self._group, self._what, self._entry = work, group_ref, what, entry
+        self._inner, self._group, self._what, self._entry, self._ranks = work, group_ref, what, entry, ranks
 
     def wait(self, timeout=None) -> bool:
         try:
@@ -177,10 +193,10 @@ class EngineWork(dist.Work):
     def _named(self, exc):
         group = self._group()
         if group is None:
-            return in_torch_terms(exc)
+            return in_torch_terms(exc, self._ranks)
         from ..runtime.transport.distributed import named_failure
 
-        return in_torch_terms(named_failure(group, self._what, exc))
+        return in_torch_terms(named_failure(group, self._what, exc), self._ranks)
 
     def is_completed(self) -> bool:
         return self._inner.is_completed()

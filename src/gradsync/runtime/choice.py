@@ -217,32 +217,24 @@ def _trial_tensors(kind: str, workers: int, nbytes: int) -> tuple:
 
 
 def _trial(comm, plan, tensors) -> float:
-    _wait(comm.engine.barrier())
+    comm.engine_wait(comm.engine.barrier(), "choosing (a barrier between trials)")
     started = time.monotonic()
     plan.start(tensors, False)
     return time.monotonic() - started
 
 
-def _wait(work) -> None:
-    if work is not None:
-        work.wait()
-
-
 def _engine_max(comm, tensor: torch.Tensor) -> None:
-    if hasattr(comm.engine, "comm"):                  # MPI
-        comm.engine.all_reduce(tensor, "max")
-    else:
-        _wait(comm.engine.all_reduce(tensor, "max"))
+    comm.engine_wait(comm.engine.all_reduce(tensor, "max"), "choosing (the ranks' times)")
 
 
 def _broadcast_bytes(comm, data: bytes) -> bytes:
     """Rank 0's ``data`` on every rank (its length first, then its bytes, by the engine)."""
     length = torch.tensor([len(data)], dtype=torch.int64)
-    _wait(comm.engine.broadcast(length, 0))
+    comm.engine_wait(comm.engine.broadcast(length, 0), "choosing (rank 0's measurements)")
     buffer = torch.zeros(int(length[0]), dtype=torch.uint8)
     if comm.rank == 0:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    _wait(comm.engine.broadcast(buffer, 0))
+    comm.engine_wait(comm.engine.broadcast(buffer, 0), "choosing (rank 0's measurements)")
     return bytes(buffer.tolist())
 
 

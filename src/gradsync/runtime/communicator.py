@@ -70,6 +70,7 @@ class Communicator:
         self._plans: OrderedDict = OrderedDict()
         self._shared = None                 # the host's SharedGroup, or why there is none
         self._over = None                   # what the schedules travel over, once settled
+        self._hosts = None                  # the host map, once exchanged
         self.trace = None                   # a tracing.Trace the schedules record into (every rank alike), or None
         self.failure: BaseException | None = None
         self.closed = False
@@ -84,6 +85,7 @@ class Communicator:
         if self._shared is None:
             from .transport import shared_group
 
+            self.hosts()                      # first through the engine: a dead peer fails it at once
             self._shared = shared_group(self.group, self.timeout)
         if isinstance(self._shared, str):
             return None
@@ -92,10 +94,34 @@ class Communicator:
         return SharedBuffers.of(self._shared)
 
     def hosts(self):
-        """Where the group's ranks run (``transport.hosts.HostMap``), exchanged once per group."""
-        from .transport.hosts import host_map
+        """Where the group's ranks run (``transport.hosts.HostMap``: hosts, and each rank's
+        process), exchanged once per group through the engine (a dead peer fails it at once, where
+        the store would wait the whole timeout), kept in the group's state for the transports."""
+        if self._hosts is None:
+            from .transport.hosts import RECORD_BYTES, from_identities, host_map, record
 
-        return host_map(self.group, self.timeout)
+            state = group_state(self.key)
+            found = state.kept("host map", self.group)
+            if found is None and isinstance(self.engine, TorchEngine):
+                mine = torch.frombuffer(bytearray(record()), dtype=torch.uint8)
+                every = torch.empty(self.size * RECORD_BYTES, dtype=torch.uint8)
+                self.engine_wait(self.engine.all_gather(every, mine), "the host exchange")
+                found = from_identities([bytes(row.tolist()) for row in every.view(self.size, RECORD_BYTES)])
+                state.keep("host map", self.group, found)
+            self._hosts = found or host_map(self.group, self.timeout)
+        return self._hosts
+
+    def engine_wait(self, work, what: str) -> None:
+        """Wait for an engine collective of gradsync's own (set-up, measuring); its failure as
+        the group's, naming the rank that failed."""
+        if work is None:
+            return
+        try:
+            work.wait()
+        except Exception as exc:
+            from .transport.distributed import named_failure
+
+            raise self.fail(named_failure(self.group, what, exc)) from None
 
     def schedule_transport(self) -> str:
         """What the schedules' messages travel over: "shm" (one host), "mixed" (shared memory
@@ -165,11 +191,18 @@ class Communicator:
             raise PeerError(f"rank {self.rank}: the group {self.key} was shut down or aborted", op="closed")
         kind, algorithm, dtype, numel, op, contiguous = key
         nbytes = numel * (dtype.itemsize if dtype is not None else 1) * (self.size if kind == "all_gather" else 1)
-        if algorithm == "auto":
-            algorithm = choice.choose(self, kind, dtype, nbytes)
-        if algorithm == "engine" and not self.engine.takes(kind, dtype, op):   # MPI has no 16-bit floats
-            algorithm = "ring" if kind != "barrier" else "engine"
-        plan = self._build(kind, algorithm, dtype, op, contiguous)
+        try:
+            if algorithm == "auto":
+                algorithm = choice.choose(self, kind, dtype, nbytes)
+            if algorithm == "engine" and not self.engine.takes(kind, dtype, op):   # MPI has no 16-bit floats
+                algorithm = "ring" if kind != "barrier" else "engine"
+            plan = self._build(kind, algorithm, dtype, op, contiguous)
+        except (ConfigError, PeerError):
+            raise
+        except RuntimeError as exc:          # an engine call of the choice's measuring failed
+            from .transport.distributed import named_failure
+
+            raise self.fail(named_failure(self.group, f"choosing how to run {kind}", exc)) from None
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)

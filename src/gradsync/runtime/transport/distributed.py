@@ -166,6 +166,18 @@ class DistributedTransport(GatherOverPost):
         own = _peer_error(exc, p, self.rank)
         timed_out = own.op_detail == "timeout"
         store = _store()
+        dead = self._dead_here()
+        if dead:                     # a process of this host is gone: that is the rank, at once
+            error = PeerError(f"rank {self.rank}: rank {dead[0][0]} died (process {dead[0][1]} is gone) while this "
+                              f"rank waited to {'receive from' if p.kind == 'recv' else 'send to'} rank {p.peer}",
+                              peer=dead[0][0], op=p.kind)
+            try:
+                store.compare_set(self.failure_key, "", f"{error.peer}|{error}")
+                posted = self._notice(store)
+            except Exception:
+                posted = None
+            return error if posted is None or posted[0] == error.peer else \
+                PeerError(f"rank {self.rank}: collective abandoned: {posted[1]}", peer=posted[0], op=p.kind)
         if store is None:
             return own
         try:
@@ -195,6 +207,18 @@ class DistributedTransport(GatherOverPost):
             return own
         return PeerError(f"rank {self.rank}: collective abandoned: {text} (this rank was waiting for rank "
                          f"{p.peer})", peer=peer, op=p.kind)
+
+    def _dead_here(self) -> list[tuple[int, int]]:
+        """(rank, pid) of the group's ranks on this host whose processes are gone, where the
+        group's host map (kept by its first exchange) says which processes they are: a survivor
+        that has not met the failure yet is never named so."""
+        from .hosts import host_map_kept
+
+        found = host_map_kept(self.group)
+        if found is None or not found.processes:
+            return []
+        here = found.host[self.rank]
+        return [(r, found.processes[r][0]) for r in range(self.size) if r != self.rank and found.dead(r, here)]
 
     def publish(self, error: PeerError) -> None:
         """Post a failure seen elsewhere (another transport of the same group) as this group's
@@ -268,7 +292,8 @@ class DistributedTransport(GatherOverPost):
             return self._store_gone(own)
         if not missing:
             return own
-        named = suspect if suspect in missing and len(missing) > 1 else missing[0]
+        gone = [r for r, _ in self._dead_here() if r in missing]
+        named = gone[0] if gone else suspect if suspect in missing and len(missing) > 1 else missing[0]
         if named == own.peer:
             error = own
         else:

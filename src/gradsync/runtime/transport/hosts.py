@@ -20,14 +20,17 @@ import hashlib
 import logging
 import os
 import socket
+import struct
 from dataclasses import dataclass
 
 from ...errors import PeerError
 from ..state import group_state
+from .shm.segment import start_time
 from .base import group_key, group_name, store_prefix
 
 OVERRIDE = "GRADSYNC_HOST"
 IDENTITY_BYTES = 96             # 32 hex digits of digest, a space, the host name (cut, padded)
+RECORD_BYTES = IDENTITY_BYTES + 16      # and the process: pid, start time
 log = logging.getLogger("gradsync")
 
 
@@ -70,10 +73,25 @@ class HostMap:
 
     host: tuple[int, ...]
     names: tuple[str, ...]
+    processes: tuple = ()      # (pid, start time) of each rank's process, where the ranks said
 
     @property
     def hosts(self) -> int:
         return len(self.names)
+
+    def dead(self, r: int, here: int) -> bool:
+        """Whether rank ``r``'s process is known to be gone, as seen from a rank on host
+        ``here``: only a process of the same host can be looked at (its pid and start time).
+
+        >>> import os
+        >>> me = (os.getpid(), start_time(os.getpid()))
+        >>> HostMap((0, 0), ("a",), (me, (2 ** 22 + 7, 1))).dead(1, 0), HostMap((0, 0), ("a",), (me, me)).dead(1, 0)
+        (True, False)
+        """
+        if not self.processes or self.host[r] != here:
+            return False
+        pid, start = self.processes[r]
+        return start_time(pid) != start
 
     def ranks_on(self, h: int) -> list[int]:
         """The ranks on host ``h``, in order."""
@@ -102,22 +120,37 @@ class HostMap:
         return ""
 
 
+def record() -> bytes:
+    """What a rank tells the others about itself: its host's ``identity()``, then its process's
+    pid and start time (8 bytes each), RECORD_BYTES long.
+
+    >>> len(record()) == RECORD_BYTES
+    True
+    """
+    pid = os.getpid()
+    return identity() + struct.pack("<qq", pid, start_time(pid) or 0)
+
+
 def from_identities(identities: list[bytes]) -> HostMap:
-    """The ``HostMap`` of the ranks' identities, by rank.
+    """The ``HostMap`` of the ranks' identities (or full ``record``s), by rank.
 
     >>> from_identities([b"x1 a", b"y2 b", b"x1 a"]).host
     (0, 1, 0)
     """
     index: dict[str, int] = {}
     names: list[str] = []
-    host = []
+    host, processes = [], []
     for raw in identities:
+        raw = bytes(raw)
+        if len(raw) == RECORD_BYTES:
+            processes.append(struct.unpack("<qq", raw[IDENTITY_BYTES:]))
+            raw = raw[:IDENTITY_BYTES]
         digest, _, name = raw.rstrip(b"\0").decode(errors="replace").partition(" ")
         if digest not in index:
             index[digest] = len(names)
             names.append(name or digest)
         host.append(index[digest])
-    return HostMap(tuple(host), tuple(names))
+    return HostMap(tuple(host), tuple(names), tuple(processes) if len(processes) == len(host) else ())
 
 
 def host_map(group=None, timeout: float = 60.0) -> HostMap:
@@ -141,7 +174,7 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
     n = state.advance("host exchanges")         # every rank exchanges alike: the same keys
     keys = [f"{store_prefix()}/hosts/{name}/{n}/{r}" for r in range(size)]
     try:
-        store.set(keys[rank], identity())
+        store.set(keys[rank], record())
         store.wait(keys, datetime.timedelta(seconds=timeout))
         found = from_identities([store.get(k) for k in keys])
     except Exception:           # a rank never came, or rank 0 (the store's host) is gone
@@ -154,6 +187,20 @@ def host_map(group=None, timeout: float = 60.0) -> HostMap:
                         peer=missing[0] if missing else None, op="setup") from None
     state.keep("host map", pg, found)
     return found
+
+
+def host_map_kept(group=None) -> HostMap | None:
+    """The group's host map if its ranks have exchanged it already, else None (no exchange).
+
+    Example, in a rank of a group that has run a collective: ``host_map_kept().hosts``.
+    """
+    import torch.distributed as dist
+
+    try:
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        return group_state(group_key(group)).kept("host map", pg)
+    except (RuntimeError, ValueError):         # no default group, or one torch no longer knows
+        return None
 
 
 def launcher_local_size(workers: int) -> int | None:
