@@ -186,8 +186,8 @@ def summarize(launches: list[dict], systems: list[str]) -> list[dict]:
     """Per size: each system's median over launches (and per launch), in us; gradsync's over the best peer's."""
     rows = []
     for i, size in enumerate(launches[0]["sizes"]):
-        per_launch = {s: [run["sizes"][i]["median_s"][s] * 1e6 for run in launches] for s in systems}
-        median = {s: statistics.median(v) for s, v in per_launch.items()}
+        per_launch = {s: [round(run["sizes"][i]["median_s"][s] * 1e6, 2) for run in launches] for s in systems}
+        median = {s: round(statistics.median(v), 2) for s, v in per_launch.items()}
         row = {"bytes": size["bytes"], "calls": size["calls"], "median_us": median, "per_launch_us": per_launch}
         peers = [s for s in PEERS if s in median]
         if peers:

@@ -102,6 +102,19 @@ def test_figures_are_medians_over_launches_and_ratios_to_the_best_peer():
     assert text.splitlines()[-1] == "| 4 KiB | 400 | 6.0 | 30 | 5.00x (Open MPI) |"
 
 
+def test_deepspeed_is_skipped_with_one_line_saying_why(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None if name == "deepspeed" else real(name))
+    assert peers.deepspeed_op(10) == ("", "skipped: the deepspeed package is not installed (pip install -e '.[bench]')")
+    monkeypatch.setattr(peers.importlib.util, "find_spec", real)
+    if real("deepspeed") is None:
+        return
+    failing = tmp_path / "build.py"
+    failing.write_text("import sys; sys.exit('error: command g++ not found')")
+    monkeypatch.setattr(peers, "RANK_SCRIPT", failing)
+    assert peers.deepspeed_op(60) == ("", "skipped: its op did not build (error: command g++ not found)")
+
+
 def test_dispatch_options_and_the_do_nothing_group(capsys):
     with pytest.raises(SystemExit) as stop:
         dispatch.parse(["--repetitions", "0"])
