@@ -242,6 +242,8 @@ def main(argv=None):
         result["deepspeed"] = note
         if not ds_path:
             args.systems.remove("deepspeed")
+            if not args.systems:
+                bad("--systems deepspeed: nothing left to run without DeepSpeed")
     for n in args.workers:
         launches = [launch(n, args, ds_path) for _ in range(args.launches)]
         rows = summarize(launches, args.systems)

@@ -219,7 +219,11 @@ def main(argv=None):
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    makers = setup(comm, args)
+    try:
+        makers = setup(comm, args)
+    except Exception as e:  # noqa: BLE001 (the other ranks would wait for this one until the timeout)
+        traceback.print_exc()
+        fail(comm, f"set-up failed on rank {comm.rank}: {type(e).__name__}: {e}", 5)
     rows = measure(comm, makers, args)
     if comm.rank == 0:
         result = {"workers": comm.size, "threads_per_rank": torch.get_num_threads(),

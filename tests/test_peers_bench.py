@@ -13,10 +13,18 @@ import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-import dispatch  # noqa: E402
-import peers  # noqa: E402
-import peers_rank  # noqa: E402
+
+
+def load(name: str):
+    """A benchmark script as a module, without putting benchmarks/ on the path for every test
+    (peers_rank imports peers by name, so each is registered as it loads)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+peers, peers_rank, dispatch = load("peers"), load("peers_rank"), load("dispatch")
 
 
 def test_inputs_sum_exactly_in_float32_whatever_the_order():
