@@ -97,6 +97,21 @@ def table(group=None) -> list[dict]:
     return [] if comm is None else choice.table(comm)
 
 
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """Gloo's monitored barrier on a gradsync group: every rank reports to rank 0, which raises
+    naming the ranks that did not within ``timeout`` (a ``datetime.timedelta``; the group's by
+    default). ``torch.distributed.monitored_barrier`` refuses every backend but Gloo before any
+    backend sees the call, so gradsync offers it here. Example, in each rank: ``monitored_barrier()``.
+    """
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not hasattr(pg, "monitored_barrier") or not hasattr(pg, "engines"):
+        dist.monitored_barrier(group, timeout, wait_all_ranks)
+        return
+    pg.monitored_barrier(timeout, wait_all_ranks)
+
+
 def __getattr__(name):
     """``RankFailure`` (the error a dead rank gives) loads torch, so it is imported on first use."""
     if name == "RankFailure":
@@ -105,4 +120,5 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NAME", "RankFailure", "configure", "current", "install", "register", "table", "trace"]
+__all__ = ["NAME", "RankFailure", "configure", "current", "install", "monitored_barrier", "register", "table",
+           "trace"]

@@ -48,8 +48,20 @@ _ReduceScatterOptions, _AllgatherOptions = dist.ReduceScatterOptions, dist.distr
 
 
 def _plain(t) -> bool:
-    """A dense, non-empty CPU tensor: what gradsync's paths take (anything else: the engine)."""
-    return type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and t.numel() > 0
+    """A dense, contiguous, non-empty CPU tensor: what gradsync's paths take (anything else:
+    the engine, which does with it what Gloo does)."""
+    return type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and t.numel() > 0 \
+        and t.is_contiguous()
+
+
+def _first_tensor(args, kwargs):
+    """The first tensor of a call's arguments (nested in lists), which decides its engine."""
+    for value in list(args) + list(kwargs.values()):
+        while isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
 
 
 def _with(options, **fields):
@@ -146,11 +158,14 @@ class GradsyncGroup(dist.ProcessGroup):
         kind = device.type if device.type in self.engines else "cpu"
         return self.engines[kind]
 
-    def _engine(self, method: str, tensor, *args):
+    def _engine(self, method: str, tensor, *args, **kwargs):
         """torch's call as it came, on the engine (exactly Gloo's behaviour, its failures named),
-        recorded in the flight recorder as "engine:<name>/<collective>"."""
+        recorded in the flight recorder as "engine:<name>/<collective>". Meta tensors have no
+        data: the call completes at once, as torch's own dispatch of them does."""
+        if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+            return Work(None, args[0] if args and isinstance(args[0], list) else [tensor])
         engine = self.engine(tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu"))
-        work = getattr(engine, method)(*args)
+        work = getattr(engine, method)(*args, **kwargs)
         if engine is not self.engines["cpu"]:      # NCCL orders streams in its own Work: keep it
             return work
         kind = _COLLECTIVE.get(method, method)
@@ -271,27 +286,33 @@ class GradsyncGroup(dist.ProcessGroup):
         return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
                          t.numel() * t.element_size(), tensors)
 
-    def barrier(self, opts=None):
-        opts = opts if opts is not None else dist.BarrierOptions()
+    def barrier(self, opts=None, timeout=None):
+        opts = opts if opts is not None else _with(dist.BarrierOptions, timeout=timeout)
         if self.size() == 1:
             return self._engine("barrier", None, opts)
         return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None)
 
-    # --- collectives the engine runs ---------------------------------------------------------
+    # --- collectives the engine runs, every form of them as torch's bindings take it ----------
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        return self._engine("allreduce_coalesced", tensors[0] if tensors else None, tensors,
-                            opts if opts is not None else dist.AllreduceCoalescedOptions())
+    def allreduce_coalesced(self, *args, **kwargs):
+        return self._engine("allreduce_coalesced", _first_tensor(args, kwargs), *args, **kwargs)
 
-    def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
-        return self._engine("alltoall_base", output, output, input, output_splits, input_splits,
-                            opts if opts is not None else dist.AllToAllOptions())
+    def all_to_all_single(self, *args, **kwargs):
+        return self._engine("alltoall_base", _first_tensor(args, kwargs), *args, **kwargs)
 
     alltoall_base = all_to_all_single
 
-    def alltoall(self, outputs, inputs, opts=None):
-        return self._engine("alltoall", outputs[0] if outputs else None, outputs, inputs,
-                            opts if opts is not None else dist.AllToAllOptions())
+    def alltoall(self, *args, **kwargs):
+        return self._engine("alltoall", _first_tensor(args, kwargs), *args, **kwargs)
+
+    def gather(self, *args, **kwargs):
+        return self._engine("gather", _first_tensor(args, kwargs), *args, **kwargs)
+
+    def scatter(self, *args, **kwargs):
+        return self._engine("scatter", _first_tensor(args, kwargs), *args, **kwargs)
+
+    def reduce(self, *args, **kwargs):
+        return self._engine("reduce", _first_tensor(args, kwargs), *args, **kwargs)
 
     def send(self, tensors, dst: int, tag: int = 0):
         return self.engine(tensors[0].device).send(tensors, dst, tag)
@@ -301,18 +322,6 @@ class GradsyncGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag: int = 0):
         return self.engine(tensors[0].device).recv_anysource(tensors, tag)
-
-    def gather(self, outputs, inputs, opts=None):
-        return self._engine("gather", inputs[0] if inputs else None, outputs, inputs,
-                            opts if opts is not None else dist.GatherOptions())
-
-    def scatter(self, outputs, inputs, opts=None):
-        return self._engine("scatter", outputs[0] if outputs else None, outputs, inputs,
-                            opts if opts is not None else dist.ScatterOptions())
-
-    def reduce(self, tensors, opts=None):
-        return self._engine("reduce", tensors[0] if tensors else None, tensors,
-                            opts if opts is not None else dist.ReduceOptions())
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """Gloo's monitored barrier, on the engine: every rank reports to rank 0, which names

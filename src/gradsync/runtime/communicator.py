@@ -31,7 +31,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..errors import ConfigError, PeerError
+from ..errors import ConfigError, MismatchError, PeerError
 from . import choice
 from .engines import TorchEngine, op_name
 from .pending import Done, Queued
@@ -42,6 +42,7 @@ from .state import group_state
 from .transport.base import group_key
 
 PLANS = 256                    # signatures kept per group (least recently used dropped)
+TEXT_BYTES = 64                # a call's description, as the ranks compare it before its first engine call
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 SLOT = "communicator"          # where a torch group's communicator is kept in its state
 
@@ -197,7 +198,9 @@ class Communicator:
             if algorithm == "engine" and not self.engine.takes(kind, dtype, op):   # MPI has no 16-bit floats
                 algorithm = "ring" if kind != "barrier" else "engine"
             plan = self._build(kind, algorithm, dtype, op, contiguous)
-        except (ConfigError, PeerError):
+            if isinstance(plan, EnginePlan) and kind != "barrier" and self.size > 1:
+                self._agree(kind, dtype, numel, op)
+        except (ConfigError, PeerError, MismatchError):
             raise
         except RuntimeError as exc:          # an engine call of the choice's measuring failed
             from .transport.distributed import named_failure
@@ -208,15 +211,28 @@ class Communicator:
             self._plans.popitem(last=False)
         return plan
 
+    def _agree(self, kind: str, dtype, numel: int, op) -> None:
+        """Before a signature's first call on the engine: every rank makes the same call, or
+        every rank raises ``MismatchError`` saying who makes which (Gloo itself would sum
+        tensors of different lengths into a silently wrong result, or abort on dtypes). Later
+        calls of the signature rely on it, as a schedule's agreement does after its first."""
+        text = f"{kind} of {numel} {str(dtype).removeprefix('torch.')} op {op}".encode()[:TEXT_BYTES]
+        mine = torch.frombuffer(bytearray(text.ljust(TEXT_BYTES, b" ")), dtype=torch.uint8)
+        every = torch.empty(self.size * TEXT_BYTES, dtype=torch.uint8)
+        self.engine_wait(self.engine.all_gather(every, mine), f"agreeing on {kind}")
+        said = [bytes(row.tolist()).decode(errors="replace").strip() for row in every.view(self.size, TEXT_BYTES)]
+        if any(x != said[self.rank] for x in said):
+            raise MismatchError(f"rank {self.rank}: the ranks make different calls, nothing was run: "
+                                + "; ".join(f"rank {r}: {x}" for r, x in enumerate(said)))
+
     def _build(self, kind: str, algorithm: str, dtype, op, contiguous: bool):
         if algorithm == "engine":
             return EnginePlan(self, kind, op)
         if algorithm in ("one_host", "one_shot", "sharded") and self._shared_fits(kind, dtype, op, contiguous, algorithm):
             return SharedPlan(self, kind, op, None if algorithm == "one_host" else algorithm)
-        if algorithm in ("one_host", "engine"):
-            raise ConfigError(f"{kind} cannot run on shared buffers here: every rank must share this host and "
-                              f"the tensors be contiguous CPU tensors of a type they reduce, got {dtype}")
-        if not schedule_takes(kind, algorithm, dtype, op):      # max, bitwise ops, bool, ...: the engine's
+        # what the shared buffers or a schedule cannot run (an op they do not reduce, bool, a
+        # group across hosts for one_host) goes to the engine, never to a refusal
+        if algorithm == "one_host" or not schedule_takes(kind, algorithm, dtype, op):
             return EnginePlan(self, kind, op)
         return SchedulePlan(self, kind, algorithm, op)
 
@@ -279,16 +295,20 @@ def _trivial(tensor, async_op: bool):
 
 
 class _Call:
-    """A job for the progress thread: ``complete(future)`` runs it."""
+    """A job for the progress thread: ``complete(future)`` runs it, in the inference mode its
+    caller was in (a thread-local mode: without it, writing into a caller's inference tensor
+    from the progress thread is refused)."""
 
-    __slots__ = ("job", "tensors")
+    __slots__ = ("job", "tensors", "inference")
 
     def __init__(self, job, tensors):
         self.job, self.tensors = job, tensors
+        self.inference = torch.is_inference_mode_enabled()
 
     def complete(self, future: torch.futures.Future) -> None:
         try:
-            result = self.job(*self.tensors)
+            with torch.inference_mode(self.inference):
+                result = self.job(*self.tensors)
         except BaseException as exc:        # carried to whoever waits (``pending`` fails it for C++)
             future.set_exception(exc)
             return

@@ -36,7 +36,8 @@ class ScratchPool:
             for key in self._idle:
                 if key[:3] == (dtype, device, elements):
                     return self._idle.pop(key)
-        return torch.empty(elements, dtype=dtype, device=device)
+        with torch.inference_mode(False):      # kept for later calls, whatever the mode of this one
+            return torch.empty(elements, dtype=dtype, device=device)
 
     def give(self, tensor: torch.Tensor) -> None:
         with self._lock:

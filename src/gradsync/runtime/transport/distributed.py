@@ -342,6 +342,21 @@ def _peer_error(exc: Exception, p: Pending, rank: int) -> PeerError:
     return error
 
 
+PEER_TROUBLE = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout", "read error",
+                "connection closed", "connect", "aborted", "socket", "eof", "unreachable")
+
+
+def _peer_trouble(text: str) -> bool:
+    """Whether an engine's error speaks of its peers (a connection, a timeout) rather than of
+    the call's arguments.
+
+    >>> _peer_trouble("[pair.cc:553] Connection closed by peer [127.0.0.1]:8075"), _peer_trouble("Invalid scalar type")
+    (True, False)
+    """
+    low = text.lower()
+    return any(word in low for word in PEER_TROUBLE)
+
+
 def named_failure(group, what: str, exc: BaseException) -> BaseException:
     """The error of an engine collective that failed with ``exc``: a ``PeerError`` naming the
     rank that is missing (the survivors check in at the group's store; who does not is named),
@@ -349,8 +364,9 @@ def named_failure(group, what: str, exc: BaseException) -> BaseException:
 
     Example, when Gloo's all_reduce failed with ``exc``: ``named_failure(group, "gloo's all_reduce", exc).peer``.
     """
-    if not isinstance(exc, RuntimeError) or isinstance(exc, (ValueError, TypeError)) or isinstance(exc, PeerError):
-        return exc
+    if not isinstance(exc, RuntimeError) or isinstance(exc, (ValueError, TypeError, PeerError)) \
+            or not _peer_trouble(str(exc)):
+        return exc                       # a bad argument ("Invalid scalar type"): the engine's own words
     try:
         transport = DistributedTransport(group)
         error = transport.failure_of(exc, Pending(None, -1, "collective", 0), time.monotonic() + 1.0)

@@ -64,6 +64,23 @@ def _digest_words(signature: bytes | None) -> tuple[int, int]:
     return int.from_bytes(signature[:8], "little", signed=True), int.from_bytes(signature[8:16], "little", signed=True)
 
 
+_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+_DTYPE_NAMES = {code: str(dtype).removeprefix("torch.") for dtype, code in DTYPES.items()}
+
+
+def _what(word: int) -> str:
+    """What a rank runs, from the word its collective wrote beside its digest.
+
+    >>> _what((2 << 56) | (0 << 48) | 1000)
+    'all_gather of 1000 float32 per rank'
+    """
+    collective, dtype, count = (word >> 56) & 0xFF, (word >> 48) & 0xFF, word & 0xFFFFFFFFFFFF
+    if collective >= len(_COLLECTIVES):
+        return "another collective"
+    per = "" if collective == 0 else " per rank"
+    return f"{_COLLECTIVES[collective]} of {count} {_DTYPE_NAMES.get(dtype, '?')}{per}"
+
+
 class _Waiting:
     """What a wait looks like to ``SharedGroup``'s failure check (a receive from ``peer``)."""
 
@@ -93,7 +110,7 @@ class SharedBuffers:
         self.native = _native.Group(group.address, group.rank, group.size, words, lay.region(0, 0),
                                     lay.region_bytes, int((CROWDED_SPIN_S if crowded else SPIN_S) * 1e9),
                                     int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), crowded)
-        self._digests = [np.ndarray((group.size, 2), np.int64, buffer=group.mm, offset=lay.region(0, parity),
+        self._digests = [np.ndarray((group.size, 3), np.int64, buffer=group.mm, offset=lay.region(0, parity),
                                     strides=(lay.region_bytes, 8)) for parity in (0, 1)]
 
     @property
@@ -175,10 +192,11 @@ class SharedBuffers:
         group = self.group
         if code == _native.MISMATCH:
             rows = self._digests[self.native.parity].tolist()
-            mine = rows[self.rank]
-            ranks = [group.ranks[r] for r, row in enumerate(rows) if row != mine]
-            raise MismatchError(f"rank {group.ranks[self.rank]}: rank(s) {ranks} run a different collective "
-                                f"(shape, dtype, algorithm or options) on the shared buffers")
+            mine = rows[self.rank][:2]
+            differ = [r for r, row in enumerate(rows) if row[:2] != mine]
+            said = "; ".join(f"rank {group.ranks[r]}: {_what(rows[r][2])}" for r in [self.rank] + differ)
+            raise MismatchError(f"rank {group.ranks[self.rank]}: rank(s) {[group.ranks[r] for r in differ]} run a "
+                                f"different collective on the shared buffers ({said}), nothing was summed")
         if group.failure is not None:        # recorded here before, or cancelled (an abort)
             raise group.failure
         waiting = _Waiting(peer if peer >= 0 else next(iter(group.peers), 0))

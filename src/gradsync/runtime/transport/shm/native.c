@@ -233,13 +233,20 @@ static int barrier(Group *g, int64_t deadline) {
     return wait_for(g, mark, deadline);
 }
 
-static int begin(Group *g, int64_t d0, int64_t d1) {
+/* ``what``: the collective (bits 56-63), its dtype (48-55) and elements per rank (0-47), beside
+   the digest so that ranks that disagree can say how: (collective << 56) | (dtype << 48) | count. */
+static int begin(Group *g, int64_t d0, int64_t d1, int64_t what) {
     g->parity = (int)(g->uses & 1);
     g->uses++;
     int64_t *mine = digest_of(g, g->rank, g->parity);
     mine[0] = d0;
     mine[1] = d1;
+    mine[2] = what;
     return g->parity;
+}
+
+static inline int64_t describe(int collective, int dtype, int64_t count) {
+    return ((int64_t)collective << 56) | ((int64_t)dtype << 48) | (count & 0xFFFFFFFFFFFFLL);
 }
 
 /* After the first barrier: every rank runs this collective (its digest is ours). */
@@ -386,7 +393,7 @@ static int run_reads(Group *g, char *piece, int64_t m, int dtype, int op, int64_
     char *src[MAX_RANKS];
     int64_t at = 0;
     if (words < 1 || prog[0] <= 0) return OK;       /* nothing to move: no slots, no barrier */
-    int parity = begin(g, d0, d1);
+    int parity = begin(g, d0, d1, describe(0, dtype, m));
     char *mine = slot(g, g->rank, parity);
     memcpy(mine, piece, m * isz);
     int64_t rounds = prog[at++];
@@ -422,7 +429,7 @@ static int reduce_scatter(Group *g, char *out, char *in, int64_t count, int dtyp
     int first = 1;
     for (int64_t c = 0; c < count; c += width) {
         int64_t w = count - c < width ? count - c : width;
-        int parity = begin(g, d0, d1);
+        int parity = begin(g, d0, d1, describe(1, dtype, count));
         char *mine = slot(g, g->rank, parity);
         for (int r = 0; r < n; r++) memcpy(mine + r * w * isz, in + (r * count + c) * isz, w * isz);
         RUN(barrier(g, deadline));
@@ -441,7 +448,7 @@ static int all_gather(Group *g, char *out, char *in, int64_t count, int dtype, i
     int first = 1;
     for (int64_t c = 0; c < count; c += width) {
         int64_t w = count - c < width ? count - c : width;
-        int parity = begin(g, d0, d1);
+        int parity = begin(g, d0, d1, describe(2, dtype, count));
         memcpy(slot(g, g->rank, parity), in + c * isz, w * isz);
         RUN(barrier(g, deadline));
         if (first) RUN(digests_agree(g));
@@ -458,7 +465,7 @@ static int broadcast(Group *g, char *data, int64_t count, int dtype, int root, i
     int first = 1;
     for (int64_t c = 0; c < count; c += width) {
         int64_t w = count - c < width ? count - c : width;
-        int parity = begin(g, d0, d1);
+        int parity = begin(g, d0, d1, describe(3, dtype, count));
         if (g->rank == root) memcpy(slot(g, root, parity), data + c * isz, w * isz);
         RUN(barrier(g, deadline));
         if (first) RUN(digests_agree(g));
@@ -626,7 +633,7 @@ static PyObject *Group_begin(Group *g, PyObject *args) {
     long long d0, d1;
     if (!PyArg_ParseTuple(args, "LL", &d0, &d1)) return NULL;
     if (!ready(g)) return NULL;
-    return PyLong_FromLong(begin(g, d0, d1));
+    return PyLong_FromLong(begin(g, d0, d1, 0));
 }
 
 static PyObject *Group_digests_agree(Group *g, PyObject *noargs) {

@@ -54,7 +54,8 @@ class Channels:
         self.slot_bytes, self.slots, self.notices = lay.slot_bytes, lay.slots, lay.notices
         self.ctl = np.frombuffer(mm, dtype=np.int64, count=lay.words)
         self.address = self.ctl.ctypes.data                 # the mapping's first byte
-        self.data = torch.frombuffer(mm, dtype=torch.uint8)
+        with torch.inference_mode(False):    # written by later collectives, whatever the mode of the first
+            self.data = torch.frombuffer(mm, dtype=torch.uint8)
         self.peers = [p for p in range(size) if p != rank]
         n = size
         # each peer's channels' first words, and the first bytes of their frames (-1: none, this rank)
