@@ -398,3 +398,52 @@ def _work_of(pending, bucket):
     from gradsync.distributed.work import Work
 
     return Work(pending, [bucket.buffer()]).get_future()
+
+
+def recover_after_a_death(rank, workers, victim):
+    """A gradsync world of ``workers`` loses ``victim``; the survivors catch the failure, abort
+    the group, destroy it, and form a new gradsync group of themselves on a new store prefix
+    (torchft's reconfiguration), which sums exactly; then what is left of the first: gradsync
+    segments still mapped, gradsync threads still running."""
+    import threading
+
+    store = gradsync_world(rank, workers, timeout=10.0)
+    t = torch.ones(1 << 12)
+    dist.all_reduce(t)                                     # the shared memory is set up and in use
+    if rank == victim:
+        os._exit(1)
+    out = {}
+    try:
+        dist.all_reduce(t)
+        out["failure"] = None
+    except dist.DistBackendError as exc:
+        out["failure"] = {"type": type(exc).__name__, "peer": getattr(exc, "peer", None)}
+    dist.group.WORLD.abort()
+    dist.destroy_process_group()
+    survivors = [r for r in range(workers) if r != victim]
+    dist.init_process_group("gradsync", store=dist.PrefixStore("reconfigured", store), rank=survivors.index(rank),
+                            world_size=len(survivors), timeout=datetime.timedelta(seconds=10))
+    x = torch.full((1 << 12,), float(rank))
+    dist.all_reduce(x)
+    out["sum"] = float(x[0])
+    out["want"] = float(sum(survivors))
+    dist.destroy_process_group()
+    with open("/proc/self/maps") as f:
+        out["mapped"] = sum(1 for line in f if "/dev/shm/gradsync-" in line)
+    out["threads"] = sorted(t.name for t in threading.enumerate() if t.name.startswith("gradsync"))
+    return out
+
+
+def monitored(rank, workers, late):
+    """gradsync.distributed.monitored_barrier: every rank passes it; then ``late`` skips one and
+    rank 0 must name it."""
+    gradsync_world(rank, workers, timeout=20.0)
+    gradsync.distributed.monitored_barrier()
+    if rank == late:
+        time.sleep(6)
+        return {"passed": True}
+    try:
+        gradsync.distributed.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+        return {"passed": True}
+    except RuntimeError as exc:
+        return {"passed": False, "message": str(exc)}

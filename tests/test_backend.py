@@ -341,3 +341,16 @@ def test_a_failed_collective_fails_ddps_backward_with_its_words_never_a_crash():
     out = run(bodies.failing_hook_under_ddp, 1)[0]
     for name, message in out.items():
         assert "rank 9 died" in message and "Unable to cast" not in message, (name, message)
+
+
+def test_after_a_rank_dies_the_survivors_abort_destroy_and_form_a_new_group_that_works_leaving_nothing():
+    results = run(bodies.recover_after_a_death, 3, 2, tolerate=True, timeout=120)
+    for r in results[:2]:
+        assert r["failure"] == {"type": "RankFailure", "peer": 2}, r
+        assert r["sum"] == r["want"], r                   # the new group of the survivors
+        assert r["mapped"] == 0 and r["threads"] == [], r  # nothing of either group left
+
+
+def test_the_monitored_barrier_torch_keeps_to_gloo_runs_on_the_engine_and_names_who_is_missing():
+    results = run(bodies.monitored, 3, 2, timeout=120)
+    assert "2" in results[0]["message"] and not results[0]["passed"], results[0]    # rank 0 names rank 2

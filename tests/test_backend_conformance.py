@@ -146,24 +146,9 @@ def gloo_refuses(case: str, op: str, dtype: str) -> str | None:
 
 
 def known_in_matrix(profile: str, case: str, key: str) -> str | None:
-    """What differs today for matrix entry ``key`` of ``case`` under ``profile``, or None."""
-    op, dtype = key.split("/")
-    to_engine = profile == "auto" or (case in REDUCING and op not in ("SUM", "AVG"))
-    refused = gloo_refuses(case, op, dtype)
-    if to_engine and refused:
-        return FALSE_FAILURE.format(what=refused)
-    if profile == "auto":
-        return None
-    if case == "all_reduce_every_op_and_dtype" and op in ("SUM", "AVG") and dtype == "bool":
-        return (f"{op} of bool: Gloo {'ORs the ranks' if op == 'SUM' else 'raises RuntimeError'}; the schedules "
-                "and one_host refuse bool with a ConfigError (runtime/request.py: bool is not in gradsync.dtypes)")
-    if case == "all_reduce_every_op_and_dtype" and op == "AVG" and dtype in INTS:
-        return "AVG of an integer type: Gloo raises RuntimeError; gradsync a ConfigError (a ValueError): runtime/request.py"
-    if profile == "ring" and dtype == "bool" and op in ("SUM", "AVG"):
-        return ("bool: Gloo takes it; the ring's halves refuse it with ConfigError 'unknown dtype' "
-                "(runtime/halves.py compiles plans only for gradsync.dtypes, which has no bool)")
-    if profile == "ring" and case == "reduce_scatter_every_op_and_dtype" and dtype == "complex64" and op in ("SUM", "AVG"):
-        return "complex64: Gloo reduces it; the ring's REDUCE half refuses it with ConfigError 'unknown dtype'"
+    """What differs today for matrix entry ``key`` of ``case`` under ``profile``, or None: nothing
+    since the backend sends what a schedule or the shared buffers cannot reduce to the engine and
+    keeps the engine's argument errors its own (the list kept for the next difference found)."""
     return None
 
 
@@ -178,97 +163,9 @@ def known(case: str, profiles, reason: str) -> None:
 
 
 SCHEDULES = ("ring", "one_host")
-# where in the code, as of the commit these were written against (distributed/, runtime/)
-known("allreduce_tensor_list", SCHEDULES, "silent wrong result: several tensors in one allreduce are each reduced "
-      "alone (route.py run_schedule / run_one_host: one all_reduce per tensor); Gloo sums across the list and ranks")
-known("allreduce_tensor_list_ops", SCHEDULES, "SUM over a list of two tensors reduces each alone (route.py run_schedule)")
-known("allreduce_bare_tensor", ALL, "pg.allreduce(t) on a bare tensor: Call.tensor() tests the tensor's truth "
-      "(route.py Call.tensor: 'self.inputs or self.outputs'): 'Boolean value of Tensor ... ambiguous'")
-known("allreduce_bare_tensor_2d", ALL, "pg.allreduce(t) on a bare 2-D tensor: 'Boolean value of Tensor ... ambiguous' "
-      "(route.py Call.tensor)")
-known("allreduce_bare_one_element", ("auto",), "pg.allreduce(t), t of one element: the bare tensor reaches Gloo's "
-      "allreduce, which takes a list: TypeError (route.py _engine_work)")
-known("allreduce_bare_one_element", SCHEDULES, "pg.allreduce(t): the future holds the bare tensor, Gloo's holds [t] "
-      "(group.py allreduce passes the tensor as the list; Work's result is call.outputs)")
-known("allreduce_op_keyword", ALL, "pg.allreduce([t], op=ReduceOp.MAX): GradsyncGroup.allreduce has no op keyword "
-      "(ProcessGroup's overloads (tensors, op=) and (tensor, op=) are not offered): TypeError")
-known("allreduce_empty_list", SCHEDULES, "pg.allreduce([]) succeeds (route.py _joined([]) is done at once); Gloo "
-      "refuses an empty list with a RuntimeError")
-known("allreduce_mixed_dtypes", SCHEDULES, "a list of float32 and float64 tensors is accepted (each reduced alone); "
-      "Gloo refuses it: 'invalid tensor type'")
-known("allreduce_mixed_sizes", SCHEDULES, "a list of tensors of sizes 1 and 2 is accepted; Gloo refuses: 'invalid tensor size'")
-known("all_reduce_premul_sum", ALL, FALSE_FAILURE.format(what="PREMUL_SUM"))
-known("all_reduce_sparse", SCHEDULES, "a sparse tensor goes to a schedule, which calls .contiguous() on it "
-      "(runtime/prepare.py build): 'unsupported memory format option Contiguous'; Gloo sums sparse tensors")
-known("allreduce_sparse_list", SCHEDULES, "sparse tensors go to a schedule instead of the engine (runtime/prepare.py)")
-known("all_reduce_meta", ALL, "a meta tensor is sent to Gloo's own allreduce ('unsupported device type meta'); through "
-      "torch's ProcessGroup it is a no-op (meta kernels), as on a Gloo group")
-known("all_reduce_bool", SCHEDULES, "bool: Gloo ORs it; the schedules refuse it with ConfigError (runtime/request.py: "
-      "bool is not in gradsync.dtypes) instead of leaving it to the engine")
-known("all_reduce_inference_mode", SCHEDULES, "an inference tensor: the results are written on the progress thread "
-      "(shm/ring.py _receive, runtime/reads.py run_piece), outside the caller's inference mode: 'Inplace update to "
-      "inference tensor outside InferenceMode'")
-known("inference_mode_then_training", ("ring",), "after one all_reduce of an inference tensor fails, every later "
-      "collective on the group fails with the same error (the failed receive stays posted in shm/ring.py _receive): "
-      "one eval-loop metric breaks training")
-known("inference_mode_then_training", ("one_host",), "the all_reduce of an inference tensor fails ('Inplace update "
-      "to inference tensor', runtime/reads.py run_piece on another thread); the group works after it")
-known("first_call_in_inference_mode", ("ring",), "the group's first collective under inference mode leaves its "
-      "buffers inference tensors (allocated in the caller's mode, runtime/scratch.py): that call and every later "
-      "one fail")
-known("allgather_future_value", ALL, "pg.allgather(outputs, [t]).get_future().value() is [[t0..tN-1]]; Gloo's is "
-      "[t0..tN-1] for one input (Work's result is call.outputs as given, route.py / work.py)")
-known("gather_future_value", ALL, "pg.gather's future holds [[t0..tN-1]] on the root; Gloo's [t0..tN-1] (route.py "
-      "run_engine completes EngineWork with call.outputs)")
-known("allgather_several_inputs", SCHEDULES, "n inputs per rank: route.py _half (and run_one_host) gathers one input "
-      "into n x N outputs, which the halves refuse (ConfigError); Gloo gathers each input")
-known("allgather_empty_lists", SCHEDULES, "pg.allgather([], []) succeeds (route.py _joined([])); Gloo refuses it")
-known("allgather_noncontiguous_input", ("one_host",), "a non-contiguous input is refused by one_host (ConfigError, "
-      "one_host.py _check) and the message prints the tensor's values; Gloo takes it")
-known("all_gather_list_inference_mode", SCHEDULES, "all_gather under inference mode: the copy into the outputs runs "
-      "outside the caller's mode (route.py _then on the progress thread): 'Inplace update to inference tensor'")
-known("all_gather_into_tensor_inference_mode", SCHEDULES, "all_gather_into_tensor under inference mode: written "
-      "outside the caller's mode (shm/ring.py _receive, one_host.py all_gather body): 'Inplace update to inference tensor'")
-known("all_gather_into_tensor_strided_output", ("one_host",), "a strided output is refused by one_host (one_host.py "
-      "_check) and the message prints the output's uninitialised values; Gloo takes it")
-known("reduce_scatter_tensor_strided_output", ("one_host",), "a strided output is refused by one_host and the message "
-      "prints its values (one_host.py _check); Gloo takes it")
-known("reduce_scatter_noncontiguous_input", ("one_host",), "a non-contiguous input is refused by one_host and the "
-      "message prints its values (one_host.py _check); Gloo takes it")
-known("all_gather_bool", ("ring",), "bool: the ring's COPY half refuses it (ConfigError 'unknown dtype', "
-      "runtime/compile.py via gradsync.dtypes) instead of leaving it to the engine")
-known("all_gather_zero_size", ("ring",), "zero elements: the ring has no layout for 0 elements (ConfigError, "
-      "halves.py _layout); Gloo's all_gather of nothing succeeds")
-known("reduce_scatter_zero_size", ("ring",), "zero elements: ConfigError from halves.py _layout; Gloo succeeds")
-known("reduce_scatter_uneven_lists", SCHEDULES, "reduce_scatter of lists with chunks of different sizes: the lists are "
-      "concatenated and refused (halves.py _check_pair, one_host.py _check) instead of going to the engine, which takes them")
-known("reduce_scatter_tensor_bool", ("ring",), "bool: the ring's REDUCE half refuses it ('unknown dtype')")
-known("reduce_scatter_tensor_coalesced", ("auto",), "the engine's coalesced reduce-scatter waits on each Work's "
-      "get_future() (route.py _engine_work), which Gloo's reduce_scatter Work lacks: 'Work::getFuture not implemented'")
-known("broadcast_root_keyword", ALL, "pg.broadcast(t, root=0): GradsyncGroup.broadcast has no (tensor, root) form: TypeError")
-known("broadcast_stress", ALL, "pg.broadcast(t, root=i): TypeError (no (tensor, root) form in group.py broadcast)")
-known("broadcast_root_tensor", SCHEDULES, "silent wrong result: opts.rootTensor is ignored, each tensor of the list "
-      "is broadcast from itself (route.py _half / run_one_host); Gloo broadcasts the root's tensor rootTensor into all")
-known("broadcast_root_minus_one", SCHEDULES, "root -1: ConfigError (a ValueError; halves.py broadcast, one_host.py "
-      "broadcast) where Gloo raises RuntimeError 'invalid root rank'")
-known("broadcast_root_past_the_end", SCHEDULES, "root = N: ConfigError where Gloo raises RuntimeError 'invalid root rank'")
-known("broadcast_empty_list", SCHEDULES, "pg.broadcast([]) succeeds (route.py _joined([])); Gloo refuses it")
-known("broadcast_bool", ("ring",), "bool: the tree's COPY half refuses it ('unknown dtype')")
-known("broadcast_noncontiguous", ("ring",), "a non-contiguous tensor: halves.py Deliver.apply writes back through "
-      "out.view(-1), which a transposed tensor has not: RuntimeError 'view size is not compatible'")
-known("broadcast_noncontiguous", ("one_host",), "a non-contiguous tensor is refused by one_host (one_host.py _check), "
-      "the message printing its values; Gloo broadcasts it")
-known("shorthand_allgather", ALL, "pg.allgather(outputs, t) (torch's one-input form): the bare input tensor's truth "
-      "is tested in route.py Call.tensor: 'Boolean value of Tensor ... ambiguous'")
-known("shorthand_gather", ALL, "pg.gather(outputs, t, root): 'Boolean value of Tensor ... ambiguous' (route.py Call.tensor)")
-known("shorthand_reduce", ALL, "pg.reduce(t, root, op): GradsyncGroup.reduce takes (tensors, opts) only: TypeError")
-known("shorthand_reduce_scatter", ALL, "pg.reduce_scatter(output, inputs, op): the ReduceOp is taken for an options "
-      "object (group.py reduce_scatter reads opts.reduceOp): AttributeError")
-known("barrier_timeout_keyword", ALL, "pg.barrier(timeout=...): GradsyncGroup.barrier has no timeout keyword: TypeError")
 known("monitored_barrier", ALL, "dist.monitored_barrier refuses every backend but Gloo ('only implemented for GLOO "
-      "backend', torch's own check on get_backend), so GradsyncGroup.monitored_barrier is never reached")
-known("ddp_sparse_gradients", SCHEDULES, "DDP with sparse gradients: the sparse all_reduce goes to a schedule "
-      "(runtime/prepare.py .contiguous()): 'unsupported memory format option Contiguous'")
+      "backend', torch's own check on get_backend, before any backend code): gradsync offers "
+      "gradsync.distributed.monitored_barrier(group), which runs the engine's (test_backend.py holds it)")
 
 
 def _params():
@@ -336,15 +233,7 @@ def test_every_op_and_dtype_as_gloo(profile, case, key):
 
 
 # --- beyond Gloo: ranks that disagree, and the backend's name without the import -----------------
-MISMATCH_KNOWN = {
-    ("auto", "shape"): "the engine's all_reduce of different lengths: Gloo gives rank 0 a wrong sum without an "
-                       "error and the others a RankFailure blaming rank 0 (nothing checks shapes before the engine)",
-    ("auto", "dtype"): "the engine's all_reduce of float64 on one rank and float32 on the others: Gloo aborts a "
-                       "rank (SIGABRT) and the others fail naming a rank, not the dtypes",
-    ("one_host", "shape"): "one_host says the ranks 'run a different collective (shape, dtype, algorithm or "
-                           "options)' without naming the shapes (runtime/one_host.py)",
-    ("one_host", "dtype"): "one_host says the ranks run a different collective without naming the dtypes",
-}
+MISMATCH_KNOWN: dict = {}      # (profile, what) -> what differs; empty since every profile names the shapes and dtypes
 _mismatches: dict = {}
 
 
@@ -408,14 +297,7 @@ def _one_rank_calls(group) -> dict:
     return bodies.outcome(lambda g, r, w: calls(), group, 0, 1)
 
 
-@pytest.mark.parametrize("choice", [
-    pytest.param("one_host", marks=pytest.mark.xfail(strict=True, reason="one_host forced on a one-rank group: "
-                 "ConfigError \"transport 'shm' needs every rank on one host ...: rank 0 is alone on its host\" "
-                 "(runtime/transport/shm/setup.py counts a lone rank as not sharing); Gloo's one-rank collectives "
-                 "are copies (PyTorch's ReducerTest and test_collectives run one rank)")),
-    pytest.param("shm", marks=pytest.mark.xfail(strict=True, reason="transport shm forced on a one-rank group: the "
-                 "same ConfigError 'rank 0 is alone on its host'; Gloo's one-rank collectives work")),
-])
+@pytest.mark.parametrize("choice", ["one_host", "shm"])
 def test_a_one_rank_group_under_a_forced_choice_does_what_gloo_does(choice):
     import datetime
 

@@ -258,7 +258,8 @@ class GradsyncGroup(dist.ProcessGroup):
         if len(inputs) != 1 or len(output_lists) != 1 or not _even(inputs[0], output_lists[0], self.size()):
             return self._engine("allgather", inputs[0] if inputs else None, output_lists, inputs, opts)
         inp, outs = inputs[0], output_lists[0]
-        flat = torch.empty(inp.numel() * len(outs), dtype=inp.dtype)
+        # rank after rank along the first dimension, as the engine's all_gather_into_tensor takes it
+        flat = torch.empty((len(outs) * inp.shape[0], *inp.shape[1:]) if inp.dim() else (len(outs),), dtype=inp.dtype)
 
         def gather(c, a, q):
             out = c.all_gather(flat, inp, a, q)

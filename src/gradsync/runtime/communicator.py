@@ -42,7 +42,7 @@ from .state import group_state
 from .transport.base import group_key
 
 PLANS = 256                    # signatures kept per group (least recently used dropped)
-TEXT_BYTES = 64                # a call's description, as the ranks compare it before its first engine call
+TEXT_BYTES = 96                # a call's description, as the ranks compare it before its first engine call
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 SLOT = "communicator"          # where a torch group's communicator is kept in its state
 
@@ -199,7 +199,7 @@ class Communicator:
                 algorithm = "ring" if kind != "barrier" else "engine"
             plan = self._build(kind, algorithm, dtype, op, contiguous)
             if isinstance(plan, EnginePlan) and kind != "barrier" and self.size > 1:
-                self._agree(kind, dtype, numel, op)
+                self._agree(kind, tensors[-1], op)
         except (ConfigError, PeerError, MismatchError):
             raise
         except RuntimeError as exc:          # an engine call of the choice's measuring failed
@@ -211,12 +211,14 @@ class Communicator:
             self._plans.popitem(last=False)
         return plan
 
-    def _agree(self, kind: str, dtype, numel: int, op) -> None:
+    def _agree(self, kind: str, tensor: torch.Tensor, op) -> None:
         """Before a signature's first call on the engine: every rank makes the same call, or
         every rank raises ``MismatchError`` saying who makes which (Gloo itself would sum
         tensors of different lengths into a silently wrong result, or abort on dtypes). Later
         calls of the signature rely on it, as a schedule's agreement does after its first."""
-        text = f"{kind} of {numel} {str(dtype).removeprefix('torch.')} op {op}".encode()[:TEXT_BYTES]
+        what = f"op {op}" if kind != "broadcast" else f"root {op}"
+        text = (f"{kind}, shape {list(tensor.shape)}, dtype {str(tensor.dtype).removeprefix('torch.')}, "
+                f"{what}").encode()[:TEXT_BYTES]
         mine = torch.frombuffer(bytearray(text.ljust(TEXT_BYTES, b" ")), dtype=torch.uint8)
         every = torch.empty(self.size * TEXT_BYTES, dtype=torch.uint8)
         self.engine_wait(self.engine.all_gather(every, mine), f"agreeing on {kind}")

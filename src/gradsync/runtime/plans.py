@@ -35,7 +35,11 @@ def schedule_takes(kind: str, algorithm: str, dtype, op) -> bool:
         return False
     if dtype is None:
         return True
+    from .. import dtypes
     from ..errors import ConfigError as Refused
+
+    if str(dtype).removeprefix("torch.") not in dtypes.names():       # bool, complex: the engine's
+        return False
 
     try:
         algorithms.get(algorithm).check_dtype(str(dtype).removeprefix("torch."))

@@ -33,6 +33,8 @@ from .group import CHECK_EVERY_S, NAP_S, SharedGroup
 from .segment import ARRIVED, BLOCKED, CLOSED, FAILED, GENERATION, PID, START
 
 SPIN_S = 50e-6               # spin this long on the group's word before sleeping on it
+PIECE_BYTES = 4 << 20        # a slot's use per piece: the ranks' pieces stay in the last-level cache between
+                             # copy-in, reduce and copy-out (GRADSYNC_SHM_PIECE_BYTES, read at set-up, changes it)
 CROWDED_SPIN_S = 20e-6       # the same with more ranks than cores (yielding the core meanwhile)
 DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
           torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.bool: 9}
@@ -72,13 +74,13 @@ def _what(word: int) -> str:
     """What a rank runs, from the word its collective wrote beside its digest.
 
     >>> _what((2 << 56) | (0 << 48) | 1000)
-    'all_gather of 1000 float32 per rank'
+    'all_gather, shape [1000] per rank (flat), dtype float32'
     """
     collective, dtype, count = (word >> 56) & 0xFF, (word >> 48) & 0xFF, word & 0xFFFFFFFFFFFF
     if collective >= len(_COLLECTIVES):
         return "another collective"
-    per = "" if collective == 0 else " per rank"
-    return f"{_COLLECTIVES[collective]} of {count} {_DTYPE_NAMES.get(dtype, '?')}{per}"
+    per = " (flat)" if collective == 0 else " per rank (flat)"
+    return f"{_COLLECTIVES[collective]}, shape [{count}]{per}, dtype {_DTYPE_NAMES.get(dtype, '?')}"
 
 
 class _Waiting:
@@ -110,6 +112,8 @@ class SharedBuffers:
         self.native = _native.Group(group.address, group.rank, group.size, words, lay.region(0, 0),
                                     lay.region_bytes, int((CROWDED_SPIN_S if crowded else SPIN_S) * 1e9),
                                     int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), crowded)
+        piece = int(os.environ.get("GRADSYNC_SHM_PIECE_BYTES", PIECE_BYTES))
+        self.native.capacity = max(64, min(self.native.capacity, piece))
         self._digests = [np.ndarray((group.size, 3), np.int64, buffer=group.mm, offset=lay.region(0, parity),
                                     strides=(lay.region_bytes, 8)) for parity in (0, 1)]
 
