@@ -5,7 +5,7 @@ Usage: python benchmarks/backend_auto.py [--workers 2,4] [--launches 3]
 
 ``auto`` promises never to be slower than the engine it sits on: the engine (Gloo on CPU) is
 one of its candidates, and a schedule is kept at a size only where it measured at most 0.95 of
-the engine's time (``gradsync.distributed.auto``). This checks the promise as a user meets it.
+the engine's time (``gradsync.runtime.choice``). This checks the promise as a user meets it.
 Each launch starts --workers local processes with two groups over all of them, one on Gloo
 (``new_group(backend="gloo")``) and one on gradsync with every collective on "auto". For each
 size and collective (all_reduce, reduce_scatter_tensor, all_gather_into_tensor of float32; the
@@ -15,7 +15,7 @@ a launch's time is the slowest rank's median. The figure per row is the median o
 of auto / Gloo. A second Gloo group takes its turn too, as a control: its ratio to the first
 (the same collective on the same engine) is what the machine's noise alone gives. Every launch shares one fresh verdict cache, as jobs on one host do: the first
 launch measures, the later ones read its verdicts. What ``auto`` chose is printed beside each
-row (``gradsync.distributed.auto.table``).
+row (the group's communicator's verdicts, ``gradsync.distributed.table``).
 """
 
 import argparse
@@ -36,7 +36,6 @@ def worker(rank, workers, sizes):
     import torch.distributed as dist
 
     import gradsync.distributed
-    from gradsync.distributed.auto import table
 
     torch.set_num_threads(1)
     gradsync.distributed.register()
@@ -68,7 +67,11 @@ def worker(rank, workers, sizes):
                     call(group)
                     times[name].append(time.perf_counter() - start)
             out[f"{nbytes} {kind}"] = {name: statistics.median(t) for name, t in times.items()}
-    return {"times": out, "choices": table(groups["auto"]), "first_use": first_use}
+    verdicts = groups["auto"].communicator().verdicts
+    chosen = {f"{nbytes} {kind}": verdicts[kind].pick(nbytes) if kind in verdicts else "engine"
+              for nbytes in sizes for kind in KINDS}
+    return {"times": out, "choices": gradsync.distributed.table(groups["auto"]), "chosen": chosen,
+            "first_use": first_use}
 
 
 def main(argv=None):
@@ -91,7 +94,8 @@ def main(argv=None):
             per_rank = run(worker, workers, sizes, timeout=900.0)
             times = {row: {name: max(r["times"][row][name] for r in per_rank) for name in ("gloo", "auto", "gloo_again")}
                      for row in per_rank[0]["times"]}
-            launches.append({"times": times, "choices": per_rank[0]["choices"], "first_use": per_rank[0]["first_use"]})
+            launches.append({"times": times, "choices": per_rank[0]["choices"], "chosen": per_rank[0]["chosen"],
+                             "first_use": per_rank[0]["first_use"]})
             print(f"N = {workers}, launch {i}: " + ", ".join(
                 f"{row} {t['auto'] / t['gloo']:.2f}x" for row, t in times.items()), flush=True)
         rows = {}
@@ -105,12 +109,9 @@ def main(argv=None):
         result["per_workers"][str(workers)] = {"rows": rows, "launches": launches}
         print(f"\nN = {workers}: auto / Gloo, median over {args.launches} launches "
               f"(choices as the last launch's auto had them)")
-        chosen = {(c["collective"], c["bytes"]): c["choice"] for c in launches[-1]["choices"]}
-        from gradsync.distributed.auto import bucket, SIZES
         for row, r in rows.items():
             nbytes, kind = row.split()
-            measured = sum(1 for c in launches[-1]["choices"] if c["collective"] == kind)
-            choice = chosen.get((kind, SIZES[bucket(int(nbytes), measured)]), "engine") if measured else "engine"
+            choice = launches[-1]["chosen"][row]
             print(f"  {format_size(int(nbytes)):>8} {kind:15s} Gloo {r['gloo_s'] * 1e3:9.3f} ms  "
                   f"auto {r['auto_s'] * 1e3:9.3f} ms  {r['median_ratio']:.2f}x  ({choice});  "
                   f"Gloo again {r['median_gloo_again_ratio']:.2f}x")

@@ -83,9 +83,9 @@ def worker(rank, workers, steps, blocks, width, layers, algorithms):
         opt.step()
 
     seconds = step_times(step, VARIANTS, steps, blocks, dist.barrier)
-    from gradsync.distributed.auto import table
+    import gradsync.distributed
 
-    return {"seconds": seconds, "same": _same(models), "auto": table(groups["gradsync"])}
+    return {"seconds": seconds, "same": _same(models), "auto": gradsync.distributed.table(groups["gradsync"])}
 
 
 SETUPS = {"gloo": None, "ring over gloo": dict(transport="gloo"), "ring over shm": dict(transport="shm"),

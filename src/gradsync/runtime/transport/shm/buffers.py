@@ -108,9 +108,10 @@ class SharedBuffers:
         words = [8 * FAILED, 8 * GENERATION]
         for r in range(group.size):
             words += [8 * lay.rank_word(r, f) for f in (ARRIVED, PID, START, CLOSED, BLOCKED)]
-        crowded = group.size > len(os.sched_getaffinity(0))
+        crowded = group.size > len(os.sched_getaffinity(0)) or os.environ.get("GRADSYNC_SHM_YIELD") == "1"
+        spin = float(os.environ.get("GRADSYNC_SHM_SPIN_US", 0)) * 1e-6 or (CROWDED_SPIN_S if crowded else SPIN_S)
         self.native = _native.Group(group.address, group.rank, group.size, words, lay.region(0, 0),
-                                    lay.region_bytes, int((CROWDED_SPIN_S if crowded else SPIN_S) * 1e9),
+                                    lay.region_bytes, int(spin * 1e9),
                                     int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), crowded)
         piece = int(os.environ.get("GRADSYNC_SHM_PIECE_BYTES", PIECE_BYTES))
         self.native.capacity = max(64, min(self.native.capacity, piece))
