@@ -11,6 +11,7 @@ Nothing here is called back.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -118,7 +119,8 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
     plain = compression is None and trace is None and stall_warning is None and not check_finite and check \
         and not options
     key = _call_key(tensor, algorithm, op, group, timeout, transport) if plain else None
-    comm = _CHECKED.get(key) if key is not None else None
+    known = _CHECKED.get(key) if key is not None else None
+    comm = known() if known is not None else None
     if comm is None:                     # the first call of its kind: check it whole
         request = Request.checked(tensor, algorithm, op, timeout, options=options, check=check,
                                   check_finite=check_finite, trace=trace, stall_warning=stall_warning,
@@ -137,16 +139,19 @@ def all_reduce(tensor: torch.Tensor, algorithm: str = "ring", op: str = "sum", g
 
 
 CHECKED_LIMIT = 256
-_CHECKED: OrderedDict = OrderedDict()    # a checked call's key -> its group's communicator (api's own, bounded)
+# a checked call's key -> its group's communicator, weakly: api's own, bounded, and holding no
+# group alive (a destroyed group's communicator goes with it, and its calls are checked again)
+_CHECKED: OrderedDict = OrderedDict()
 
 
 def _call_key(tensor, algorithm, op, group, timeout, transport):
-    """What makes two calls the same call: the group *object* (a group made again is another),
-    the tensor's kind, and every argument; None when it cannot be a key."""
+    """What makes two calls the same call: the group object (its id: a group made again is
+    another, and its communicator another, which the weak reference tells), the tensor's kind,
+    and every argument; None when it cannot be a key."""
     if type(tensor) is not torch.Tensor or not dist.is_initialized():
         return None
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    key = (pg, algorithm, op, timeout, transport, tensor.dtype, tensor.device.type, tensor.requires_grad)
+    key = (id(pg), algorithm, op, timeout, transport, tensor.dtype, tensor.device.type, tensor.requires_grad)
     try:
         hash(key)
     except TypeError:
@@ -155,7 +160,7 @@ def _call_key(tensor, algorithm, op, group, timeout, transport):
 
 
 def _remember(key, comm):
-    _CHECKED[key] = comm
+    _CHECKED[key] = weakref.ref(comm)
     if len(_CHECKED) > CHECKED_LIMIT:
         _CHECKED.popitem(last=False)
     return comm
