@@ -105,7 +105,7 @@ def run(plan: dict, args, backend: str | None = None, elastic: bool | None = Non
              "machine_stall_s": round(stall_s() - stalled, 2), "victim_after_cont": victim_after, **left,
              "workers": sorted(watch.workers.values(), key=lambda w: (w["attempt"], w["rank"])),
              "note": read_json(os.path.join(folder, "fault.json")),
-             "torchrun_tail": tail(os.path.join(folder, "torchrun.out"), 30)}
+             "torchrun_tail": tail(os.path.join(folder, "torchrun.out"), 12)}
     facts["records"] = {name[:-5]: read_json(os.path.join(folder, name))
                         for name in sorted(os.listdir(folder)) if name.startswith("a") and name.endswith(".json")}
     facts["stderr"] = {name[:-4]: tail(os.path.join(folder, name), 80)

@@ -14,8 +14,12 @@ ranks change (they keep theirs), and the failure of a rank of the long-lived job
 
 Every ``--every`` cycles each rank samples its resident memory (VmRSS), its mappings (lines of
 /proc/self/maps, and those of /dev/shm files), its threads (``threading.active_count()`` and
-/proc/self/task) and its open descriptors, after ``gc.collect()``. They must stay flat: the
-table sets the first sample after warm-up (cycle ``--every``) against the last.
+/proc/self/task) and its open descriptors, after ``gc.collect()``, with what they are (the
+threads' names, the descriptors' kinds, the /dev/shm files mapped) and how many gradsync and
+torch objects live (a destroyed ``GradsyncGroup`` should not; what holds one is named). They
+must stay flat: the table sets the first sample after warm-up (cycle ``--every``) against the
+last. Before each cycle the ranks meet at the launcher's store, so that one held up by a
+failed cycle is waited for.
 
     python benchmarks/group_churn.py --workers 4 --cycles 1000 --out docs/results/group_churn.json
     python benchmarks/group_churn.py --workers 2 --cycles 100 --every 10        # a quick look
@@ -39,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 ELEMENTS = 1 << 18                     # 1 MiB of float32
-METRICS = ("rss_kb", "maps", "shm_maps", "threads", "tasks", "fds")
+METRICS = ("rss_kb", "maps", "shm_maps", "threads", "tasks", "fds", "groups_alive")
 
 
 def sample(cycle: int) -> dict:
@@ -69,7 +73,7 @@ def live_objects() -> dict:
     found = Counter(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in WATCHED)
     groups = [o for o in gc.get_objects() if type(o).__name__ == "GradsyncGroup"]
     holders = Counter(type(r).__name__ for g in groups for r in gc.get_referrers(g) if r is not groups)
-    return {"live": dict(found), "group_holders": dict(holders)}
+    return {"live": dict(found), "group_holders": dict(holders), "groups_alive": len(groups)}
 
 
 def _read(path: str) -> str:
@@ -111,6 +115,7 @@ def one_cycle(store, cycle: int, args) -> dict | None:
 
     failing = is_failing(cycle)
     size = args.workers + failing
+    meet(store, cycle, args.rank, args.workers)
     if failing:
         store.wait([f"helper{cycle}/ready"], datetime.timedelta(seconds=300))
     t = torch.full((ELEMENTS,), float(args.rank + 1))
@@ -137,6 +142,14 @@ def one_cycle(store, cycle: int, args) -> dict | None:
     except Exception as exc:
         seen = {**(seen or {"cycle": cycle}), "destroy_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     return seen
+
+
+def meet(store, cycle: int, rank: int, workers: int) -> None:
+    """Every rank of the job at the start of ``cycle``, at the launcher's store (not a group): a
+    rank held up by a failed cycle is waited for, so that the ranks stay in step (without it a
+    rank one cycle behind meets nobody again: each cycle's group times out waiting for it)."""
+    store.set(f"cycle{cycle}/here/{rank}", "1")
+    store.wait([f"cycle{cycle}/here/{r}" for r in range(workers)], datetime.timedelta(seconds=300))
 
 
 def rank_main(args) -> None:
@@ -171,6 +184,9 @@ def helper_main(args) -> None:
     rng = random.Random(args.cycle)
     store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=datetime.timedelta(seconds=300))
     store.set(f"helper{args.cycle}/ready", "1")
+    # the ranks are still in earlier cycles: join when they reach this one, not before (the
+    # group's rendezvous would time out waiting for them)
+    store.wait([f"cycle{args.cycle}/here/{r}" for r in range(args.workers)], datetime.timedelta(seconds=600))
     group(store, args.cycle, args.workers, args.workers + 1, args.timeout)
     delay = rng.choice([0.0, rng.uniform(0, 0.03)])
 

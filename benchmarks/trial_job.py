@@ -104,6 +104,14 @@ def peer_of(exc: BaseException):
     return None
 
 
+def where(exc: BaseException) -> list[str]:
+    """The innermost frames of the exception's traceback (file:line function), last 4."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)[-4:]
+    return [f"{f.filename.split('site-packages/')[-1].split('src/')[-1]}:{f.lineno} {f.name}" for f in frames]
+
+
 def main(argv=None) -> None:
     args = options(argv)
     redirect_stderr(args.dir)
@@ -115,7 +123,8 @@ def main(argv=None) -> None:
         write_json(args.dir, f"{ME}.json", {
             "rank": RANK, "attempt": ATTEMPT, "outcome": "error", "t": time.time(), "type": type(exc).__name__,
             "first_line": text.splitlines()[0][:400] if text else "", "text": text[:3000], "peer": peer_of(exc),
-            "doing": DOING["phase"], "step": DOING["step"], "pid": os.getpid(), "timeline": TIMELINE})
+            "doing": DOING["phase"], "step": DOING["step"], "pid": os.getpid(), "timeline": TIMELINE,
+            "where": where(exc)})
         raise
     write_json(args.dir, f"{ME}.json", {"rank": RANK, "attempt": ATTEMPT, "outcome": "ok", "t": time.time(),
                                               "pid": os.getpid(), "timeline": TIMELINE, **outcome})

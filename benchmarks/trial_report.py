@@ -73,7 +73,7 @@ def survivor(w: dict, facts: dict, args, refs: dict) -> dict:
     rec = facts["records"].get(f"a{w['attempt']}-rank{w['rank']}") or {}
     row = {"rank": w["rank"], "pid": w["pid"], "exit": w["exit"], "hung": bool(w.get("hung")),
            "outcome": rec.get("outcome"), "type": rec.get("type"), "first_line": rec.get("first_line"),
-           "peer": rec.get("peer"), "doing": rec.get("doing"), "step": rec.get("step"),
+           "peer": rec.get("peer"), "doing": rec.get("doing"), "step": rec.get("step"), "where": rec.get("where"),
            "error_s": round(rec["t"] - t0, 3) if t0 and rec.get("outcome") == "error" else None,
            "waited_s": waited(rec, t0),
            "exit_s": round(w["ended"] - t0, 3) if t0 and w["ended"] else None}
