@@ -20,6 +20,7 @@ Example: ``judge(run(plan, args), args, references(args, plans, run))["survivors
 from __future__ import annotations
 
 import re
+import shutil
 import statistics
 from collections import Counter
 
@@ -40,6 +41,8 @@ def references(args, plans, run) -> dict:
             facts = run({"trial": "gloo-reference", "kind": kind, "fault": None}, args, backend="gloo")
             refs["gloo"][kind] = torch.load(f"{facts['folder']}/a0-rank0.pt")
             print(f"Gloo reference for {kind}: {facts['wall_s']} s", flush=True)
+            if not args.keep:
+                shutil.rmtree(facts["folder"], ignore_errors=True)
     return refs
 
 
@@ -131,7 +134,7 @@ def judge(facts: dict, args, refs: dict) -> dict:
     first = [w for w in facts["workers"] if w["attempt"] == 0]
     rows = [survivor(w, facts, args, refs) for w in first if not fault or w["rank"] != fault["rank"]]
     victim = next((w for w in first if fault and w["rank"] == fault["rank"]), None)
-    out = {k: facts[k] for k in ("trial", "kind", "fault", "backend", "note", "wall_s", "machine_stall_s",
+    out = {k: facts[k] for k in ("trial", "kind", "fault", "backend", "folder", "note", "wall_s", "machine_stall_s",
                                  "agent_rc", "hung_ranks",
                                  "victim_after_cont", "processes_left", "segments_left", "torchrun_tail")}
     out["survivors"] = rows
