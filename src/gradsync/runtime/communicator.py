@@ -122,7 +122,7 @@ class Communicator:
         except Exception as exc:
             from .transport.distributed import named_failure
 
-            raise self.fail(named_failure(self.group, what, exc)) from None
+            raise self.fail(named_failure(self.group, what, exc, self.timeout)) from None
 
     def schedule_transport(self) -> str:
         """What the schedules' messages travel over: "shm" (one host), "mixed" (shared memory
@@ -205,7 +205,7 @@ class Communicator:
         except RuntimeError as exc:          # an engine call of the choice's measuring failed
             from .transport.distributed import named_failure
 
-            raise self.fail(named_failure(self.group, f"choosing how to run {kind}", exc)) from None
+            raise self.fail(named_failure(self.group, f"choosing how to run {kind}", exc, self.timeout)) from None
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)

@@ -81,7 +81,7 @@ class EnginePlan:
     def _failure(self, exc: BaseException) -> BaseException:
         from .transport.distributed import named_failure
 
-        return self.comm.fail(named_failure(self.comm.group, self.label, exc))
+        return self.comm.fail(named_failure(self.comm.group, self.label, exc, self.comm.timeout))
 
 
 class SharedPlan:

@@ -357,7 +357,10 @@ def _peer_trouble(text: str) -> bool:
     return any(word in low for word in PEER_TROUBLE)
 
 
-def named_failure(group, what: str, exc: BaseException) -> BaseException:
+ROLL_CALL_S = 60.0       # how long a roll call may wait on a group that states no timeout (a Gloo group)
+
+
+def named_failure(group, what: str, exc: BaseException, timeout: float | None = None) -> BaseException:
     """The error of an engine collective that failed with ``exc``: a ``PeerError`` naming the
     rank that is missing (the survivors check in at the group's store; who does not is named),
     or ``exc`` itself when it is not a failure of the group (a bad argument).
@@ -367,16 +370,18 @@ def named_failure(group, what: str, exc: BaseException) -> BaseException:
     if not isinstance(exc, RuntimeError) or isinstance(exc, (ValueError, TypeError, PeerError)) \
             or not _peer_trouble(str(exc)):
         return exc                       # a bad argument ("Invalid scalar type"): the engine's own words
+    # a survivor blocked in the engine meets the failure only at its own timeout (in Gloo's ring
+    # all-gather only the dead rank's neighbours see its socket close): the roll call waits that
+    # long before it names one of several ranks missing, so that a slow survivor is not named
+    timeout = timeout or float(getattr(group, "timeout", 0) or 0) or ROLL_CALL_S
     try:
         transport = DistributedTransport(group)
-        error = transport.failure_of(exc, Pending(None, -1, "collective", 0), time.monotonic() + 1.0)
+        error = transport.failure_of(exc, Pending(None, -1, "collective", 0), time.monotonic() + timeout)
     except Exception:                    # the store is gone too: the engine's own words
         return exc
     first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-    if error.peer is None:
-        return PeerError(f"{error} (in {what}: {first})", op=error.op)
-    return PeerError(f"rank {transport.rank}: rank {error.peer} failed: {error} (in {what}: {first})",
-                     peer=error.peer, op=error.op)
+    return PeerError(f"{error} (in {what}: {first})", peer=error.peer, op=error.op)
+
 
 
 TorchTransport = DistributedTransport   # the name used before the transport protocol
