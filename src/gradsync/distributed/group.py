@@ -91,6 +91,7 @@ class GradsyncGroup(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, choices: dict | None = None):
         super().__init__(rank, size)
+        self._rank, self._size = rank, size      # torch's size() costs microseconds through its bindings
         self.timeout = timeout.total_seconds()
         self._fixed = None if choices is None else {k: config.check(k, v) for k, v in choices.items()}
         self._choices, self._version = self._read_choices(), config.version()
@@ -172,7 +173,7 @@ class GradsyncGroup(dist.ProcessGroup):
         entry = None
         if self._comm is not None or not self.closed:
             tensor = tensor if isinstance(tensor, torch.Tensor) else None
-            entry = RECORDER.begin(self._key(), self.rank(), self.size(), f"engine:gloo/{kind}",
+            entry = RECORDER.begin(self._key(), self._rank, self._size, f"engine:gloo/{kind}",
                                    0 if tensor is None else tensor.numel(), 1 if tensor is None else tensor.element_size(),
                                    None if tensor is None else tensor.dtype)
         return EngineWork(work, weakref.ref(self), f"gloo's {kind}", entry, self._global)
@@ -202,19 +203,25 @@ class GradsyncGroup(dist.ProcessGroup):
                 _with(_AllreduceOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
         if len(tensors) != 1 or not _plain(tensors[0]):
             return self._engine("allreduce", tensors[0] if tensors else None, tensors, opts)
-        if self.size() == 1 and not self.closed:      # every op of one rank is the tensor itself
+        if self._size == 1 and not self.closed:      # every op of one rank is the tensor itself
             return Work(None, tensors)
         t, name = tensors[0], OPS.get(hash(opts.reduceOp))
         if name is None:                   # PREMUL_SUM and ops to come: the engine's
             return self._engine("allreduce", t, tensors, opts)
-        return self._run("all_reduce", lambda c, a, q: c.all_reduce(t, name, a, q), tensors,
-                         t.numel() * t.element_size(), tensors)
+        comm = self._comm or self.communicator()
+        comm.trace = config.TRACE[0]
+        choices = self._choices if self._version == config.VERSION[0] else self.choices
+        try:
+            out = comm.all_reduce(t, name, choices["all_reduce"], t.numel() * t.element_size() > INLINE_MAX)
+        except BaseException as exc:         # refused at once, or the group had failed: torch's error
+            raise in_torch_terms(exc, self.global_ranks()) from None
+        return Work(None if out is t else out, tensors, self._global)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else _ReduceScatterOptions()
         name = OPS.get(hash(opts.reduceOp))
         if not (_plain(output) and _plain(input)) or name is None or output.dtype != input.dtype \
-                or input.numel() != output.numel() * self.size() or self.size() == 1:
+                or input.numel() != output.numel() * self._size or self._size == 1:
             return self._engine("_reduce_scatter_base", output, output, input, opts)
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
                          (output, input), input.numel() * input.element_size(), [output])
@@ -228,7 +235,7 @@ class GradsyncGroup(dist.ProcessGroup):
         opts = opts if opts is not None else _ReduceScatterOptions()
         name = OPS.get(hash(opts.reduceOp))
         if len(outputs) != 1 or len(input_lists) != 1 or name is None or not _even(outputs[0], input_lists[0],
-                                                                                  self.size()):
+                                                                                  self._size):
             return self._engine("reduce_scatter", outputs[0] if outputs else None, outputs, input_lists, opts)
         out, whole = outputs[0], torch.cat([x.reshape(-1) for x in input_lists[0]])
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(out, whole, name, a, q),
@@ -243,7 +250,7 @@ class GradsyncGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else _AllgatherOptions()
         if not (_plain(output) and _plain(input)) or output.dtype != input.dtype \
-                or output.numel() != input.numel() * self.size() or self.size() == 1:
+                or output.numel() != input.numel() * self._size or self._size == 1:
             return self._engine("_allgather_base", output, output, input, opts)
         return self._run("all_gather", lambda c, a, q: c.all_gather(output, input, a, q), (output, input),
                          output.numel() * output.element_size(), [output])
@@ -255,7 +262,7 @@ class GradsyncGroup(dist.ProcessGroup):
             output_lists, inputs = [output_lists], [inputs]
             opts = _with(_AllgatherOptions, timeout=timeout)
         opts = opts if opts is not None else _AllgatherOptions()
-        if len(inputs) != 1 or len(output_lists) != 1 or not _even(inputs[0], output_lists[0], self.size()):
+        if len(inputs) != 1 or len(output_lists) != 1 or not _even(inputs[0], output_lists[0], self._size):
             return self._engine("allgather", inputs[0] if inputs else None, output_lists, inputs, opts)
         inp, outs = inputs[0], output_lists[0]
         # rank after rank along the first dimension, as the engine's all_gather_into_tensor takes it
@@ -281,7 +288,7 @@ class GradsyncGroup(dist.ProcessGroup):
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
             opts = _with(_BroadcastOptions, rootRank=opts if opts is not None else root, timeout=timeout)
         root = opts.rootRank
-        if len(tensors) != 1 or not _plain(tensors[0]) or not 0 <= root < self.size() or self.size() == 1:
+        if len(tensors) != 1 or not _plain(tensors[0]) or not 0 <= root < self._size or self._size == 1:
             return self._engine("broadcast", tensors[0] if tensors else None, tensors, opts)
         t = tensors[0]
         return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
@@ -289,7 +296,7 @@ class GradsyncGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None, timeout=None):
         opts = opts if opts is not None else _with(dist.BarrierOptions, timeout=timeout)
-        if self.size() == 1:
+        if self._size == 1:
             return self._engine("barrier", None, opts)
         return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None)
 

@@ -19,6 +19,7 @@ Example, in each rank::
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -57,7 +58,8 @@ class FlightRecorder:
     def __init__(self, limit: int = LIMIT):
         self.limit = limit
         self._ring: list[Entry] = []
-        self._next = 0
+        self._slots = itertools.count()          # the next slot, modulo limit (next() is atomic)
+        self._last = -1                          # the slot taken last
         self._sequences: dict[str, int] = {}      # group key -> collectives begun (at most GROUPS_LIMIT keys)
         self._lock = threading.Lock()
         self.directory: str | None = None
@@ -68,22 +70,25 @@ class FlightRecorder:
 
         Example: ``e = RECORDER.begin("torch/world", 0, 2, "ring", 1024, 4, torch.float32, 2)``.
         """
-        with self._lock:
-            sequence = self._sequences.get(group, 0) + 1
-            if sequence == 1 and len(self._sequences) >= GROUPS_LIMIT:
-                self._sequences.pop(next(iter(self._sequences)))
-            self._sequences[group] = sequence
-            if len(self._ring) < self.limit:
-                e = Entry()
-                self._ring.append(e)
-            else:
-                e = self._ring[self._next]
-                if e.phase in ("run", "agree"):       # still running: leave it to its collective
-                    e = self._ring[self._next] = Entry()
-            self._next = (self._next + 1) % self.limit
-            e.sequence, e.group, e.rank, e.size, e.transport = sequence, group, rank, size, transport
-            e.algorithm, e.elements, e.itemsize, e.dtype, e.rounds = algorithm, elements, itemsize, dtype, rounds
-            e.phase, e.round, e.started, e.ended, e.error, e.peer = "run", -1, time.time(), None, None, None
+        # no lock: a group's collectives run one at a time (its sequence is never raced), and two
+        # groups' taking one slot at once can only cost an entry of the record, never a collective
+        sequence = self._sequences.get(group, 0) + 1
+        if sequence == 1 and len(self._sequences) >= GROUPS_LIMIT:
+            self._sequences.pop(next(iter(self._sequences)), None)
+        self._sequences[group] = sequence
+        slot = next(self._slots) % self.limit
+        self._last = slot
+        ring = self._ring
+        if slot >= len(ring):
+            e = Entry()
+            ring.append(e)
+        else:
+            e = ring[slot]
+            if e.phase in ("run", "agree"):       # still running: leave it to its collective
+                e = ring[slot] = Entry()
+        e.sequence, e.group, e.rank, e.size, e.transport = sequence, group, rank, size, transport
+        e.algorithm, e.elements, e.itemsize, e.dtype, e.rounds = algorithm, elements, itemsize, dtype, rounds
+        e.phase, e.round, e.started, e.ended, e.error, e.peer = "run", -1, time.time(), None, None, None
         return e
 
     def end(self, entry: Entry, error: BaseException | None = None) -> str | None:
@@ -104,8 +109,11 @@ class FlightRecorder:
     def entries(self) -> list[dict]:
         """The entries, oldest first."""
         with self._lock:
-            entries = self._ring[self._next:] + self._ring[:self._next]
-        return [e.as_dict() for e in entries]
+            ring = list(self._ring)
+        if len(ring) == self.limit:               # full: oldest first, from the slot to be taken next
+            start = (self._last + 1) % self.limit
+            ring = ring[start:] + ring[:start]
+        return [e.as_dict() for e in ring]
 
     def dump(self, reason: str, directory: str | None = None) -> str | None:
         """Write this process's entries to ``<directory>/rank<r>.json`` (default: the configured

@@ -85,12 +85,15 @@ class EnginePlan:
 
 
 class SharedPlan:
-    """A collective on the shared buffers of one host (C: ``transport.shm.native``)."""
+    """A collective on the shared buffers of one host (C: ``transport.shm.native``). Its first
+    call settles everything but the tensors' addresses and the deadline (the read program, the
+    dtype's and op's codes, the digest), so that a repeated call is one call into C."""
 
     def __init__(self, comm, kind: str, op, algorithm: str | None):
         self.comm, self.kind, self.op, self.algorithm = comm, kind, op, algorithm
         self.buffers = comm.shared()
-        self._program = None                 # (algorithm, program of a piece), at the first call
+        self._call = None                    # (tensors, deadline_ns) -> C's status, at the first call
+        self._timeout_ns = int(comm.timeout * 1e9)
         self.label = "one_host" if kind == "all_reduce" and algorithm is None else \
             (algorithm or "one_host") + ("" if kind == "all_reduce" else f"/{kind}")
 
@@ -98,49 +101,62 @@ class SharedPlan:
         comm = self.comm
         if comm.failure is not None:
             raise comm.failure
-        out = comm.run(self.job, tensors, async_op)
-        return out
+        return comm.run(self.job, tensors, async_op)
 
     def job(self, *tensors):
-        comm, buffers = self.comm, self.buffers
+        comm = self.comm
+        call = self._call or self._settle(tensors)
         first = tensors[0] if tensors else None
         entry = RECORDER.begin(comm.key, comm.rank, comm.size, self.label, 0 if first is None else first.numel(),
                                1 if first is None else first.element_size(), None if first is None else first.dtype,
-                               1, buffers.group)
-        deadline = time.monotonic() + comm.timeout
+                               1, self.buffers.group)
+        deadline_ns = time.monotonic_ns() + self._timeout_ns
         try:
-            result = self._run(buffers, tensors, deadline)
+            status = call(tensors, deadline_ns)
+            if status is not None:
+                self.buffers.check(status, deadline_ns * 1e-9)
         except BaseException as exc:
             RECORDER.end(entry, exc)
             raise comm.fail(exc) from None
         RECORDER.end(entry)
-        return result
+        return first
 
-    def _program_of(self, t: torch.Tensor):
-        """The read program of a piece (for this plan's size: the algorithm is fixed)."""
-        workers, rank = self.comm.size, self.buffers.rank
-        algorithm = self.algorithm or reads.choose(t.numel() * t.element_size(), workers)
-        return algorithm, lambda m: reads.packed(algorithm, workers, m, rank)
+    def _settle(self, tensors):
+        """The call into C for this signature, everything but addresses and deadline fixed."""
+        from .transport.shm.buffers import DTYPES, OPS, digest_words
 
-    def _run(self, buffers, tensors, deadline):
-        kind = self.kind
+        buffers, kind, native = self.buffers, self.kind, self.buffers.native
+        if kind == "barrier":
+            self._call = lambda ts, deadline: native.barrier(deadline)
+            return self._call
+        first = tensors[0]
+        dtype, count = DTYPES[first.dtype], first.numel()
+        op = OPS.index(self.op) if kind in ("all_reduce", "reduce_scatter") else 0
         if kind == "all_reduce":
-            t = tensors[0]
-            if self._program is None:
-                self._program = self._program_of(t)
-            algorithm, program_of = self._program
-            buffers.all_reduce(t.view(-1), self.op, program_of, deadline, _signature(kind, t, self.op, algorithm))
-            return t
-        if kind == "reduce_scatter":
-            out, inp = tensors
-            return buffers.reduce_scatter(out, inp, self.op, deadline, _signature(kind, out, self.op))
-        if kind == "all_gather":
-            out, inp = tensors
-            return buffers.all_gather(out, inp, deadline, _signature(kind, inp))
-        if kind == "broadcast":
-            return buffers.broadcast(tensors[0].view(-1), self.op, deadline, _signature(kind, tensors[0], self.op))
-        buffers.barrier(deadline)
-        return None
+            workers, rank = self.comm.size, buffers.rank
+            algorithm = self.algorithm or reads.choose(count * first.element_size(), workers)
+            d0, d1 = digest_words(_signature(kind, first, self.op, algorithm))
+            if count * first.element_size() <= buffers.capacity:          # one piece: one call
+                program = reads.packed(algorithm, workers, count, rank)
+                self._call = lambda ts, deadline: native.run_reads(ts[0].data_ptr(), count, dtype, op, deadline,
+                                                                   d0, d1, True, program)
+            else:
+                self._call = lambda ts, deadline: buffers.run_pieces(
+                    ts[0], dtype, op, lambda m: reads.packed(algorithm, workers, m, rank), deadline, d0, d1)
+        elif kind == "reduce_scatter":
+            d0, d1 = digest_words(_signature(kind, first, self.op))
+            self._call = lambda ts, deadline: native.reduce_scatter(ts[0].data_ptr(), ts[1].data_ptr(), count, dtype,
+                                                                    op, deadline, d0, d1)
+        elif kind == "all_gather":
+            count = tensors[1].numel()
+            d0, d1 = digest_words(_signature(kind, tensors[1]))
+            self._call = lambda ts, deadline: native.all_gather(ts[0].data_ptr(), ts[1].data_ptr(), count, dtype,
+                                                                deadline, d0, d1)
+        else:
+            root = self.op
+            d0, d1 = digest_words(_signature(kind, first, root))
+            self._call = lambda ts, deadline: native.broadcast(ts[0].data_ptr(), count, dtype, root, deadline, d0, d1)
+        return self._call
 
 
 def _signature(kind: str, tensor: torch.Tensor, *more) -> bytes:

@@ -32,10 +32,9 @@ from . import _native
 from .group import CHECK_EVERY_S, NAP_S, SharedGroup
 from .segment import ARRIVED, BLOCKED, CLOSED, FAILED, GENERATION, PID, START
 
-SPIN_S = 50e-6               # spin this long on the group's word before sleeping on it
+SPIN_S = 200e-6              # look this long (yielding the core between looks) before sleeping on the word
 PIECE_BYTES = 4 << 20        # a slot's use per piece: the ranks' pieces stay in the last-level cache between
                              # copy-in, reduce and copy-out (GRADSYNC_SHM_PIECE_BYTES, read at set-up, changes it)
-CROWDED_SPIN_S = 20e-6       # the same with more ranks than cores (yielding the core meanwhile)
 DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
           torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.bool: 9}
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
@@ -60,7 +59,12 @@ def _deadline_ns(deadline: float) -> int:
     return int(deadline * 1e9)
 
 
-def _digest_words(signature: bytes | None) -> tuple[int, int]:
+def digest_words(signature: bytes | None) -> tuple[int, int]:
+    """A 16-byte digest as the two int64 words C compares (0, 0 for none).
+
+    >>> digest_words(bytes(range(16)))[0] == int.from_bytes(bytes(range(8)), "little")
+    True
+    """
     if signature is None:
         return 0, 0
     return int.from_bytes(signature[:8], "little", signed=True), int.from_bytes(signature[8:16], "little", signed=True)
@@ -108,11 +112,15 @@ class SharedBuffers:
         words = [8 * FAILED, 8 * GENERATION]
         for r in range(group.size):
             words += [8 * lay.rank_word(r, f) for f in (ARRIVED, PID, START, CLOSED, BLOCKED)]
-        crowded = group.size > len(os.sched_getaffinity(0)) or os.environ.get("GRADSYNC_SHM_YIELD") == "1"
-        spin = float(os.environ.get("GRADSYNC_SHM_SPIN_US", 0)) * 1e-6 or (CROWDED_SPIN_S if crowded else SPIN_S)
+        # between looks the waiter yields its core: a peer that shares it (more ranks than cores,
+        # or other work on the machine) runs at once; alone on its core, the yield returns at
+        # once. Spinning on a pause instead took 0.7 ms per barrier here when the two ranks of a
+        # pair had landed on one core (load average 8), against 7 us with the yield
+        yield_core = os.environ.get("GRADSYNC_SHM_YIELD", "1") == "1"
+        spin = float(os.environ.get("GRADSYNC_SHM_SPIN_US", 0)) * 1e-6 or SPIN_S
         self.native = _native.Group(group.address, group.rank, group.size, words, lay.region(0, 0),
                                     lay.region_bytes, int(spin * 1e9),
-                                    int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), crowded)
+                                    int(NAP_S * 1e9), int(CHECK_EVERY_S * 1e9), yield_core)
         piece = int(os.environ.get("GRADSYNC_SHM_PIECE_BYTES", PIECE_BYTES))
         self.native.capacity = max(64, min(self.native.capacity, piece))
         self._digests = [np.ndarray((group.size, 3), np.int64, buffer=group.mm, offset=lay.region(0, parity),
@@ -145,43 +153,53 @@ class SharedBuffers:
                    signature: bytes | None = None) -> torch.Tensor:
         """All-reduce ``flat`` (contiguous, this rank's data) in place by the read program
         ``program_of(elements)`` gives for a piece of that many elements (``reads.packed``)."""
+        d0, d1 = digest_words(signature)
+        status = self.run_pieces(flat, DTYPES[flat.dtype], OPS.index(op), program_of, _deadline_ns(deadline), d0, d1,
+                                 signature is not None)
+        self.check(status, deadline)
+        return flat
+
+    def run_pieces(self, flat: torch.Tensor, dtype: int, op: int, program_of, deadline_ns: int, d0: int, d1: int,
+                   check: bool = True):
+        """All-reduce ``flat`` piece by piece, each piece as large as a slot holds; C's status
+        of the first piece that failed, or None."""
         per = max(1, self.capacity // flat.element_size())
-        total, dtype, code = flat.numel(), DTYPES[flat.dtype], OPS.index(op)
-        d0, d1 = _digest_words(signature)
-        address, size = flat.data_ptr(), flat.element_size()
+        total, address, size = flat.numel(), flat.data_ptr(), flat.element_size()
         for first in range(0, total, per):
             m = min(per, total - first)
-            self._check(self.native.run_reads(address + first * size, m, dtype, code, _deadline_ns(deadline), d0,
-                                              d1, first == 0 and signature is not None, program_of(m)), deadline)
-        return flat
+            status = self.native.run_reads(address + first * size, m, dtype, op, deadline_ns, d0, d1,
+                                           first == 0 and check, program_of(m))
+            if status is not None:
+                return status
+        return None
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: str, deadline: float,
                        signature: bytes | None = None) -> torch.Tensor:
         """``out`` (contiguous) gets ``op`` over every rank of chunk ``rank`` of ``inp`` (N chunks)."""
-        d0, d1 = _digest_words(signature)
-        self._check(self.native.reduce_scatter(out.data_ptr(), inp.data_ptr(), out.numel(), DTYPES[out.dtype],
+        d0, d1 = digest_words(signature)
+        self.check(self.native.reduce_scatter(out.data_ptr(), inp.data_ptr(), out.numel(), DTYPES[out.dtype],
                                                OPS.index(op), _deadline_ns(deadline), d0, d1), deadline)
         return out
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, deadline: float,
                    signature: bytes | None = None) -> torch.Tensor:
         """``out`` (contiguous, N chunks) gets every rank's ``inp`` in rank order."""
-        d0, d1 = _digest_words(signature)
-        self._check(self.native.all_gather(out.data_ptr(), inp.data_ptr(), inp.numel(), DTYPES[inp.dtype],
+        d0, d1 = digest_words(signature)
+        self.check(self.native.all_gather(out.data_ptr(), inp.data_ptr(), inp.numel(), DTYPES[inp.dtype],
                                            _deadline_ns(deadline), d0, d1), deadline)
         return out
 
     def broadcast(self, flat: torch.Tensor, root: int, deadline: float,
                   signature: bytes | None = None) -> torch.Tensor:
         """Every rank's ``flat`` (contiguous) gets local rank ``root``'s."""
-        d0, d1 = _digest_words(signature)
-        self._check(self.native.broadcast(flat.data_ptr(), flat.numel(), DTYPES[flat.dtype], root,
+        d0, d1 = digest_words(signature)
+        self.check(self.native.broadcast(flat.data_ptr(), flat.numel(), DTYPES[flat.dtype], root,
                                           _deadline_ns(deadline), d0, d1), deadline)
         return flat
 
     def barrier(self, deadline: float) -> None:
         """Wait until every rank of the host has reached this barrier, or raise ``PeerError``."""
-        self._check(self.native.barrier(_deadline_ns(deadline)), deadline)
+        self.check(self.native.barrier(_deadline_ns(deadline)), deadline)
 
     def release(self) -> None:
         """Drop every view of the mapping (before the group unmaps it): later calls raise."""
@@ -190,7 +208,8 @@ class SharedBuffers:
 
     # --- failures --------------------------------------------------------------------------
 
-    def _check(self, status, deadline: float) -> None:
+    def check(self, status, deadline: float) -> None:
+        """Raise what C's ``status`` (None: done) means: the group's PeerError, or a MismatchError."""
         if status is None:
             return
         code, peer = status

@@ -33,7 +33,7 @@ Alternating slots (parity) between collectives makes a barrier per collective en
 back at a parity has passed a barrier of the collective in between, which every rank reached
 after it finished reading this parity's slots.
 
-WAITING: spin (a pause per look) for spin_ns, then sleep in the kernel on GENERATION with a
+WAITING: look (yielding the core between looks, or a pause) for spin_ns, then sleep in the kernel on GENERATION with a
 futex (the kernel compares the word first, so a release between the last look and the sleep is
 not lost), at most nap_ns at a time. Every check_ns the waiter checks its peers' processes
 (/proc/<pid>/stat: gone, a zombie, or another process with that pid all count as dead), the
@@ -129,7 +129,7 @@ typedef struct {
     char *region[2];                     /* every rank's slots of each parity */
     int64_t region_bytes, capacity;      /* a slot's bytes, and of data after its header */
     int64_t spin_ns, nap_ns, check_ns;
-    int yield_when_crowded;              /* more ranks than cores: yield while spinning */
+    int yield_core;                      /* yield the core between looks (a peer may share it) */
     uint32_t barriers;                   /* barriers passed, the same count on every rank */
     uint64_t uses;                       /* collectives begun: their parity */
     int parity;
@@ -199,7 +199,7 @@ static int wait_for(Group *g, uint32_t mark, int64_t deadline) {
         while (now_ns() < spin_until) {
             if ((int32_t)((uint32_t)atomic_load_explicit(g->generation, memory_order_acquire) - mark) >= 0)
                 goto done;
-            if (g->yield_when_crowded) sched_yield(); else PAUSE();
+            if (g->yield_core) sched_yield(); else PAUSE();
         }
         atomic_store_explicit(g->blocked[g->rank], who, memory_order_relaxed);
         atomic_store_explicit(g->sleepers, 1, memory_order_seq_cst);     /* say so, then look again */
@@ -500,13 +500,13 @@ static PyObject *done(Group *g, int status) {
 
 static int Group_init(Group *g, PyObject *args, PyObject *kw) {
     static char *names[] = {"base", "rank", "size", "words", "region", "region_bytes", "spin_ns", "nap_ns",
-                            "check_ns", "crowded", NULL};
+                            "check_ns", "yield_core", NULL};
     unsigned long long base;
     PyObject *words;
     long long region, region_bytes, spin, nap, check_every;
-    int rank, size, crowded;
+    int rank, size, yield_core;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "KiiOLLLLLp", names, &base, &rank, &size, &words, &region,
-                                     &region_bytes, &spin, &nap, &check_every, &crowded))
+                                     &region_bytes, &spin, &nap, &check_every, &yield_core))
         return -1;
     if (size < 1 || size > MAX_RANKS || rank < 0 || rank >= size) {
         PyErr_Format(PyExc_ValueError, "rank %d of %d: at most %d ranks", rank, size, MAX_RANKS);
@@ -546,7 +546,7 @@ static int Group_init(Group *g, PyObject *args, PyObject *kw) {
     g->spin_ns = spin;
     g->nap_ns = nap;
     g->check_ns = check_every;
-    g->yield_when_crowded = crowded;
+    g->yield_core = yield_core;
     g->barriers = 0;
     g->uses = 0;
     g->parity = 0;
