@@ -447,3 +447,21 @@ def monitored(rank, workers, late):
         return {"passed": True}
     except RuntimeError as exc:
         return {"passed": False, "message": str(exc)}
+
+
+def across_a_cut_link(rank, workers):
+    """All-reduces on a gradsync world of two emulated machines until the second machine's link
+    is cut (by the test, from outside): what each rank raised, when, and whom it named."""
+    gradsync_world(rank, workers, timeout=8.0)
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    open(os.path.join(os.environ["GRADSYNC_TEST_READY"], str(rank)), "w").close()    # the test cuts now
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 60:
+            dist.all_reduce(t)
+            time.sleep(0.01)
+        return {"raised": None}
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "peer": getattr(exc, "peer", None), "message": str(exc)[:400],
+                "seconds": time.monotonic() - started}

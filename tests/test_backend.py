@@ -354,3 +354,38 @@ def test_after_a_rank_dies_the_survivors_abort_destroy_and_form_a_new_group_that
 def test_the_monitored_barrier_torch_keeps_to_gloo_runs_on_the_engine_and_names_who_is_missing():
     results = run(bodies.monitored, 3, 2, timeout=120)
     assert "2" in results[0]["message"] and not results[0]["passed"], results[0]    # rank 0 names rank 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/sbin/ip"), reason="needs root and iproute2")
+def test_a_machine_whose_link_is_cut_is_named_by_the_other_machine_and_says_it_cannot_reach_the_store():
+    """Two emulated machines of two ranks; the second machine's link goes down mid-training:
+    its processes live on. The first machine's ranks name a rank of the second; the second's
+    cannot reach the store (rank 0, on the first machine, hosts it) and say so. Nobody hangs."""
+    import tempfile
+    import threading
+
+    from gradsync.tools.links import SlowLinks
+
+    ready = tempfile.mkdtemp()
+
+    def cut_when_training(net):
+        deadline = time.monotonic() + 100
+        while len(os.listdir(ready)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        net.cut(1)
+
+    os.environ["GRADSYNC_TEST_READY"] = ready
+    try:
+        with SlowLinks(4, "1Gbit", per_node=2) as net:
+            threading.Thread(target=cut_when_training, args=(net,), daemon=True).start()
+            results = run(bodies.across_a_cut_link, 4, network=net, timeout=120, tolerate=True)
+    finally:
+        del os.environ["GRADSYNC_TEST_READY"]
+    for rank, r in enumerate(results):
+        assert isinstance(r, dict) and r["raised"] is not None, (rank, r)
+        if rank < 2:
+            assert r["peer"] in (2, 3) and r["raised"] == "RankFailure", (rank, r)
+        else:
+            assert "rank 0" in r["message"] or r["peer"] in (0, 1), (rank, r)

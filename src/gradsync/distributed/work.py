@@ -5,6 +5,7 @@ torch's terms (``RankFailure``: both gradsync's ``PeerError`` and torch's ``Dist
 from __future__ import annotations
 
 import re
+import time
 
 import torch
 import torch.distributed as dist
@@ -174,6 +175,7 @@ class EngineWork(dist.Work):
     def __init__(self, work, group_ref, what: str, entry=None, ranks: tuple | None = None):
         super().__init__()
         self._inner, self._group, self._what, self._entry, self._ranks = work, group_ref, what, entry, ranks
+        self._started = time.monotonic()
 
     def wait(self, timeout=None) -> bool:
         try:
@@ -196,7 +198,7 @@ class EngineWork(dist.Work):
             return in_torch_terms(exc, self._ranks)
         from ..runtime.transport.distributed import named_failure
 
-        return in_torch_terms(named_failure(group, self._what, exc), self._ranks)
+        return in_torch_terms(named_failure(group, self._what, exc, None, self._started), self._ranks)
 
     def is_completed(self) -> bool:
         return self._inner.is_completed()

@@ -27,6 +27,7 @@ call raises it at once, as torch's backends do after an error.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 import torch
@@ -117,12 +118,13 @@ class Communicator:
         the group's, naming the rank that failed."""
         if work is None:
             return
+        started = time.monotonic()          # the work was posted just now
         try:
             work.wait()
         except Exception as exc:
             from .transport.distributed import named_failure
 
-            raise self.fail(named_failure(self.group, what, exc, self.timeout)) from None
+            raise self.fail(named_failure(self.group, what, exc, self.timeout, started)) from None
 
     def schedule_transport(self) -> str:
         """What the schedules' messages travel over: "shm" (one host), "mixed" (shared memory

@@ -67,8 +67,10 @@ class EnginePlan:
         first = tensors[0] if tensors else None
         entry = RECORDER.begin(comm.key, comm.rank, comm.size, self.label, 0 if first is None else first.numel(),
                                1 if first is None else first.element_size(), None if first is None else first.dtype)
+        started = time.monotonic()
         work = self.method(*tensors, *self.extra)
-        pending = EnginePending(work, first, self._failure, lambda exc: self._ended(entry, exc, first))
+        pending = EnginePending(work, first, lambda exc: self._failure(exc, started),
+                                lambda exc: self._ended(entry, exc, first))
         if work is None:                    # MPI: it has ended
             pending.settle(None)
         return pending if async_op else pending.wait()
@@ -78,10 +80,10 @@ class EnginePlan:
             first.div_(self.comm.size)
         RECORDER.end(entry, exc)
 
-    def _failure(self, exc: BaseException) -> BaseException:
+    def _failure(self, exc: BaseException, started: float) -> BaseException:
         from .transport.distributed import named_failure
 
-        return self.comm.fail(named_failure(self.comm.group, self.label, exc, self.comm.timeout))
+        return self.comm.fail(named_failure(self.comm.group, self.label, exc, self.comm.timeout, started))
 
 
 class SharedPlan:

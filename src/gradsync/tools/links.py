@@ -164,6 +164,15 @@ class SlowLinks:
             raise ConfigError(f"machine must be an integer in 0..{self.machines - 1}, got {machine!r}")
         self._shape(machine, parse_bandwidth(bandwidth), "change")
 
+    def cut(self, machine: int) -> None:
+        """Take emulated machine ``machine``'s link down at the switch: its processes live on,
+        but nothing reaches them or leaves them (a failed cable or NIC). ``net.cut(1)``."""
+        if not self.namespaces:
+            raise ConfigError("cut needs the network created (inside its with block)")
+        if isinstance(machine, bool) or not isinstance(machine, int) or not 0 <= machine < self.machines:
+            raise ConfigError(f"machine must be an integer in 0..{self.machines - 1}, got {machine!r}")
+        _ip("ip", "link", "set", f"{self._tag}v{machine}b", "down", ns=self.switch)
+
     def __exit__(self, *exc):
         for ns in getattr(self, "_all", []):
             _ip("ip", "netns", "del", ns, check=False)

@@ -162,7 +162,21 @@ class DistributedTransport(GatherOverPost):
 
     def failure_of(self, exc: Exception, p: Pending, deadline: float) -> PeerError:
         """The PeerError to raise for operation ``p`` that failed with ``exc``, naming the rank
-        that failed first anywhere in the group (read from, or posted to, the store)."""
+        that failed first anywhere in the group (read from, or posted to, the store), by
+        ``deadline`` + 2 s at the latest. A store that does not answer (its host stalled, or
+        this rank's link cut) would hold every store call for good, whatever its timeout (seen
+        with a stopped store): the calls run on a thread of their own, and past that bound the
+        answer is that the store's host, rank 0, is unreachable."""
+        answer: list = []
+        thread = threading.Thread(target=lambda: answer.append(self._failure_of(exc, p, deadline)), daemon=True,
+                                  name="gradsync-roll-call")
+        thread.start()
+        thread.join(max(0.0, deadline + 2.0 - time.monotonic()))
+        if answer:
+            return answer[0]
+        return self._store_gone(_peer_error(exc, p, self.rank))
+
+    def _failure_of(self, exc: Exception, p: Pending, deadline: float) -> PeerError:
         own = _peer_error(exc, p, self.rank)
         timed_out = own.op_detail == "timeout"
         store = _store()
@@ -360,7 +374,8 @@ def _peer_trouble(text: str) -> bool:
 ROLL_CALL_S = 60.0       # how long a roll call may wait on a group that states no timeout (a Gloo group)
 
 
-def named_failure(group, what: str, exc: BaseException, timeout: float | None = None) -> BaseException:
+def named_failure(group, what: str, exc: BaseException, timeout: float | None = None,
+                  started: float | None = None) -> BaseException:
     """The error of an engine collective that failed with ``exc``: a ``PeerError`` naming the
     rank that is missing (the survivors check in at the group's store; who does not is named),
     or ``exc`` itself when it is not a failure of the group (a bad argument).
@@ -371,12 +386,14 @@ def named_failure(group, what: str, exc: BaseException, timeout: float | None = 
             or not _peer_trouble(str(exc)):
         return exc                       # a bad argument ("Invalid scalar type"): the engine's own words
     # a survivor blocked in the engine meets the failure only at its own timeout (in Gloo's ring
-    # all-gather only the dead rank's neighbours see its socket close): the roll call waits that
-    # long before it names one of several ranks missing, so that a slow survivor is not named
+    # all-gather only the dead rank's neighbours see its socket close), counted from when it
+    # began the collective, about when this rank did (``started``): the roll call waits until
+    # then before it names one of several ranks missing, so that a slow survivor is not named
     timeout = timeout or float(getattr(group, "timeout", 0) or 0) or ROLL_CALL_S
     try:
         transport = DistributedTransport(group)
-        error = transport.failure_of(exc, Pending(None, -1, "collective", 0), time.monotonic() + timeout)
+        deadline = (started if started is not None else time.monotonic()) + timeout
+        error = transport.failure_of(exc, Pending(None, -1, "collective", 0), deadline)
     except Exception:                    # the store is gone too: the engine's own words
         return exc
     first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
