@@ -436,9 +436,10 @@ def test_ring_narration_at_four_workers_matches_the_schedule(client):
         for src, dst, offset in zip(sent["src"], sent["dst"], sent["offset"]):
             c = int(np.searchsorted(d["cells"], offset, side="right") - 1)
             assert f"{names[src]} -> {names[dst]}: chunk {c}" in step["transfers"]
-            # and the rule agrees: chunk i + shift from worker i to worker i + 1
+            # and the rule agrees: chunk i + shift from worker i to worker i + 1, the shift written
+            # in one window per phase (i + 1, i, i - 1, i - 2), so its sign never flips halfway
             shift = (c - src) % 4
-            said = {0: "chunk i ", 1: "chunk i + 1 ", 2: "chunk i + 2 ", 3: "chunk i - 1 "}[shift]
+            said = {0: "chunk i ", 1: "chunk i + 1 ", 2: "chunk i - 2 ", 3: "chunk i - 1 "}[shift]
             assert said in step["text"] and "to worker i + 1 (mod 4)" in step["text"]
 
 

@@ -18,8 +18,6 @@ from importlib import resources
 from pathlib import Path
 
 from .. import algorithms
-from ..core.narrate import narrate
-from ..core.schedule import CODED, COPY, REDUCE
 from ..errors import ConfigError
 from . import failures, site_model, view
 from .options import view_options
@@ -75,10 +73,8 @@ def _family(algorithm: str, n: int, options: dict) -> dict:
     extra = {"max_error": None} if "max_error" in spec.options else {}
     data = site_model.schedule_data(lambda d: algorithms.build(algorithm, n, d, dtype="float32", **options, **extra))
     ref = algorithms.build(algorithm, n, site_model.REF, dtype="float32", **options, **extra)
-    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
-              if key in spec.phases}
     tokens = [f"\u00ab{i}\u00bb" for i in range(ref.nodes)]     # the page puts each preset's names in
-    data["narration"] = narrate(ref, view.chunk_cuts(ref), tokens, phases)
+    data["narration"] = view.narration(spec, ref, view.chunk_cuts(ref), tokens)
     data["estimate"] = view.design_estimate(ref)
     return data
 

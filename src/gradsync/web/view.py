@@ -226,8 +226,6 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     route, routes = _routes(topo, t, placed)
     drawing = _drawing(topology, topo, result)
     cuts = chunk_cuts(schedule)
-    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
-              if key in spec.phases}
     estimate = design_estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
     out = {
         "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
@@ -238,7 +236,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         "busbw_GBps": bus_bandwidth(nbytes, result.time, n) / 1e9,
         "error": estimate["error"] if estimate else None, "estimate": estimate,
         "placement": result.placement.tolist(), "cells": cuts,
-        "narration": narrate(schedule, cuts, [placed[i] for i in range(len(placed))], phases),
+        "narration": narration(spec, schedule, cuts, placed),
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
@@ -257,6 +255,21 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         out["failure"]["recovery"] = _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps,
                                                compression)
     return out
+
+
+def narration(spec, schedule, cuts, names=None) -> list[dict]:
+    """The schedule told round by round (``core.narrate``), its phases named as the algorithm
+    names them, and by level (inside or across machines) for an algorithm that groups workers
+    into machines (its ``machine_option``).
+
+    >>> from gradsync import algorithms
+    >>> narration(algorithms.get("ring"), algorithms.build("ring", 4, 8), [0, 2, 4, 6, 8])[0]["phase"]
+    'reduce-scatter'
+    """
+    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
+              if key in spec.phases}
+    machine = schedule.options.get(spec.machine_option) if spec.machine_option else None
+    return narrate(schedule, cuts, names, phases, machine_size=machine)
 
 
 def schedule_for(algorithm: str, topo: Topology, n: int, nbytes: int, compression, components,
