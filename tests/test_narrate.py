@@ -80,7 +80,7 @@ class Reader:
     def clause(self, text):
         """(op, exact claims as a list of (src, dst, first, end), loose checks) for one clause."""
         text = re.sub(r"^(ring \d+ of \d+|on channel \d+): ", "", text)
-        op = next(o for verb, o in VERB_OPS if text.endswith(verb))
+        op = next(o for verb, o in VERB_OPS if re.search(rf"(which|receiver|partner|worker j) {re.escape(verb)}(:|$)", text))
         n, N = self.name, self.workers
         for pattern, expand in self.forms():
             m = re.fullmatch(pattern.replace("NAME", n), text)
@@ -106,6 +106,11 @@ class Reader:
              lambda m: ([(j, i) + self.owner(j) for i in range(N) for j in range(N) if i != j], None)),
             (rf"{W} (?:sends|each send) {spans} to (?:its|their) parent in the tree \(worker i to worker \(i - 1\) // 2\), which .+",
              lambda m: ([(s, (s - 1) // 2) + self.span(m[2]) for s in self.who(m[1])], None)),
+            (r"(.+?) (?:sends|each send) to (?:its|their) parent in the tree \(worker i to worker \(i - 1\) // 2\), which (?:adds|stores) it [^:]+: (.+)",
+             lambda m: ([(s, (s - 1) // 2) + sp for sp, ss in self.pieces(m[2]) for s in ss], None)),
+            (r"(.+?) (?:sends|each send) to (?:its|their) children in the tree \(worker i to workers 2i \+ 1 and 2i \+ 2, those that exist\), "
+             r"which (?:add|store) it [^:]+: (.+)",
+             lambda m: ([(s, c) + sp for sp, ss in self.pieces(m[2]) for s in ss for c in (2 * s + 1, 2 * s + 2) if c < N], None)),
             (rf"{W} (?:sends|each send) {spans} to (?:its|their) children in the tree \(worker i to workers 2i \+ 1 and "
              r"2i \+ 2, those that exist\), which .+",
              lambda m: ([(s, c) + self.span(m[2]) for s in self.who(m[1]) for c in (2 * s + 1, 2 * s + 2) if c < N], None)),
@@ -122,6 +127,14 @@ class Reader:
              lambda m: ([(i, (i + 1) % N, 0, self.chunks) for i in range(N)], None)),
             (r"(\d+) transfers: (.+?)(?:, and (\d+) more \(listed below\))?, each receiver .+", self.listing),
         ]
+
+    def pieces(self, text):
+        """"chunks 0-1 from A and B, chunk 2 from C to D" -> [((0, 2), [a, b]), ((2, 3), [c..d])]."""
+        out = []
+        for item in re.split(r", (?=(?:chunks? \d|the whole buffer))", text):
+            what, senders = re.fullmatch(r"(the whole buffer|chunk \d+|chunks \d+-\d+) from (.+)", item).groups()
+            out.append((self.span(what), self.who(senders)))
+        return out
 
     def owner(self, j):
         w = self.chunks // self.workers

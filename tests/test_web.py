@@ -629,7 +629,9 @@ def test_fixed_topologies_set_the_workers_field_and_the_chart_marks_the_animated
     page.wait_for_function("window.gradsyncStats.chart && Object.keys(window.gradsyncStats.chart.curves).length === "
                            "document.querySelector('#algorithm').options.length")
     assert "cerar" in page.evaluate("Object.keys(window.gradsyncStats.chart.curves)")
-    assert page.evaluate("window.gradsyncStats.chartMark") == {"algorithm": "ring", "workers": 4}
+    mark = page.evaluate("window.gradsyncStats.chartMark")
+    assert mark["algorithm"] == "ring" and mark["workers"] == 4
+    assert mark["time_s"] == float(page.get_attribute("#total-time", "data-time-s"))     # on the run's own curve
 
 
 def test_a_refused_cerar_design_is_shown_in_red(page):

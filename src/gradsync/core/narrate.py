@@ -29,7 +29,7 @@ _WHOLE = {REDUCE: ("whole-buffer reduce", "reduce-scatter"), COPY: ("whole-buffe
           CODED: ("coded exchange", "coded exchange")}
 _WHOLE_MAIN = {REDUCE: "reduce", COPY: "broadcast", CODED: "coded exchange"}
 RULES = (rules.single, rules.everyone, rules.coded, rules.gather, rules.scatter, rules.ring, rules.local_rings,
-         rules.rails, rules.xor, rules.tree)
+         rules.rails, rules.xor, rules.tree, rules.pipeline)
 
 
 def chunk_of(cuts: np.ndarray, offset: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -190,6 +190,33 @@ def tree(g: Group) -> str | None:
     return checked(g, down, text)
 
 
+def pipeline(g: Group) -> str | None:
+    """Up or down the heap-ordered tree with a different piece per sender (a pipelined tree
+    moves several segments at once): one clause, then which chunks come from whom."""
+    if g.op == CODED or (g.src >= g.workers).any() or (g.dst >= g.workers).any():
+        return None
+    spans = {}
+    for s, a, b in zip(g.src.tolist(), g.first.tolist(), g.end.tolist()):
+        spans.setdefault(s, set()).add((a, b))
+    if any(len(v) != 1 for v in spans.values()) or len({next(iter(v)) for v in spans.values()}) < 2:
+        return None
+    senders = sorted(spans)
+    by_span = {}
+    for s in senders:
+        by_span.setdefault(next(iter(spans[s])), []).append(s)
+    pieces = ", ".join(f"{span(a, b, g.chunks)} from {who(ss, g.names, g.workers)}" for (a, b), ss in sorted(by_span.items()))
+    everyone, verb = who(senders, g.names, g.workers), VERBS[g.op]
+    one = everyone.startswith("every worker")
+    sends, their = ("sends", "its") if one else ("each send", "their")
+    up = [(s, (s - 1) // 2) + next(iter(spans[s])) for s in senders if s > 0]
+    text = (f"{everyone} {sends} to {their} parent in the tree (worker i to worker (i - 1) // 2), which {verb[0]}: {pieces}")
+    if len(up) == len(senders) and checked(g, up, text):
+        return text
+    down = [(s, c) + next(iter(spans[s])) for s in senders for c in (2 * s + 1, 2 * s + 2) if c < g.workers]
+    return checked(g, down, f"{everyone} {sends} to {their} children in the tree (worker i to workers 2i + 1 and 2i + 2, "
+                            f"those that exist), which {verb[1]}: {pieces}")
+
+
 def xor(g: Group) -> str | None:
     """Pairs that differ in one bit swap pieces of one width (recursive halving, doubling)."""
     n = g.workers

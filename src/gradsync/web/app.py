@@ -39,7 +39,9 @@ from .failures import MODES, detection_defaults, failure
 MAX_BODY_BYTES = 16 * 1024
 MAX_SIZE_BYTES = 4 * 10**9
 TOPOLOGIES = view.TOPOLOGIES
-STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {f.name: "text/css" if f.name.endswith(".css") else "text/javascript"         # the page's own files only
+          for f in resources.files("gradsync.web").joinpath("static").iterdir()
+          if f.name.endswith((".js", ".css")) and f.name not in ("model.js", "site.js")}
 
 
 class Failure(BaseModel):

@@ -21,9 +21,9 @@ from .. import algorithms
 from ..errors import ConfigError
 from . import failures, site_model, view
 from .options import view_options
-from .layout import layout
+from .layout import fills, layout
 
-OFFERED = tuple(range(2, 18)) + (24, 32, 48, 64)      # worker counts offered on presets that grow
+OFFERED = tuple(range(2, 65))                        # worker counts offered on presets that grow: all the page takes
 SEGMENTS = tuple(1 << k for k in range(6))           # the view's tree shapes (options.tree_segments)
 REF_BYTES = 160_000_000                              # options that depend on the size are fixed per shape
 MIN_BYTES = 4000                                     # below, some schedules change shape (checked from here)
@@ -49,7 +49,7 @@ def topology_data(preset: str, n: int) -> dict:
     topo = view.topology_for(preset, n)
     pos, bends = layout(preset, topo)
     return {"name": topo.name, "preset": preset, "description": topo.description,
-            "fixed_workers": view.fixed_workers(preset),
+            "fixed_workers": view.fixed_workers(preset), "fill": fills(preset),
             "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y,
                        **{f: getattr(nd, f) for f in NODE_FIELDS if getattr(nd, f)}}
                       for nd, (x, y) in zip(topo.nodes, pos)],
@@ -68,14 +68,22 @@ def _variants(algorithm: str, topo, n: int) -> list[dict]:
     return [{**options, "segments": s} for s in SEGMENTS]
 
 
-def _family(algorithm: str, n: int, options: dict) -> dict:
+DESIGN = ("construction", "eps", "scale")      # a coded schedule's design, found once and reused at every size
+
+
+def _family(algorithm: str, n: int, options: dict, dtype: str = "float32") -> dict:
     spec = algorithms.get(algorithm)
     extra = {"max_error": None} if "max_error" in spec.options else {}
-    data = site_model.schedule_data(lambda d: algorithms.build(algorithm, n, d, dtype="float32", **options, **extra))
-    ref = algorithms.build(algorithm, n, site_model.REF, dtype="float32", **options, **extra)
+    ref = algorithms.build(algorithm, n, site_model.REF, dtype=dtype, **options, **extra)
+    if ref.codec is not None:      # the design does not depend on the size: build it once, not at every size checked
+        extra.update({k: ref.options[k] for k in DESIGN if ref.options.get(k) is not None and k in spec.options})
+    data = site_model.schedule_data(lambda d: algorithms.build(algorithm, n, d, dtype=dtype, **options, **extra))
     tokens = [f"\u00ab{i}\u00bb" for i in range(ref.nodes)]     # the page puts each preset's names in
-    data["narration"] = view.narration(spec, ref, view.chunk_cuts(ref), tokens)
+    # the sentences; each round's list of transfers the page writes from the transfers themselves
+    data["narration"] = [{k: v for k, v in x.items() if k != "transfers"}
+                         for x in view.narration(spec, ref, view.chunk_cuts(ref), tokens)]
     data["estimate"] = view.design_estimate(ref)
+    data["channel"] = view.channels(ref)
     return data
 
 
@@ -94,12 +102,12 @@ def export(folder, topologies=None) -> dict:
     (root / "data").mkdir(exist_ok=True)
     static = resources.files("gradsync.web").joinpath("static")
     page = static.joinpath("index.html").read_text()
-    page = page.replace('<script src="static/app.js"></script>',
+    page = page.replace('<script src="static/state.js"></script>',
                         '<script>window.GRADSYNC_STATIC = true;</script>\n<script src="static/model.js"></script>\n'
-                        '<script src="static/site.js"></script>\n<script src="static/app.js"></script>')
+                        '<script src="static/site.js"></script>\n<script src="static/state.js"></script>')
     written = len(page)
     (root / "index.html").write_text(page)
-    for name in ("app.js", "style.css", "model.js", "site.js"):
+    for name in sorted(f.name for f in static.iterdir() if f.name.endswith((".js", ".css"))):
         text = static.joinpath(name).read_text()
         written += len(text)
         (root / "static" / name).write_text(text)
@@ -123,7 +131,7 @@ def export(folder, topologies=None) -> dict:
                             families[name][key] = None          # not defined there: the page says so
                         index[f"{name}|{preset}|{n}|{options.get('segments', 0)}{links}"] = key
     for name in names:
-        written += _write(root / "data", f"schedules-{name}", {k: v for k, v in families[name].items() if v})
+        written += _write(root / "data", f"schedules-{name}", {k: site_model.packed(v) for k, v in families[name].items() if v})
     core = {"topologies": list(topologies), "algorithms": names, "index": index, "presets": topo_data,
             "worker_counts": {p: worker_counts(p) for p in topologies},
             "fixed_workers": {p: view.fixed_workers(p) for p in topologies if view.fixed_workers(p)},

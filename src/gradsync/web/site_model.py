@@ -124,6 +124,47 @@ def _check(form: dict, rows: np.ndarray, build) -> None:
             raise Unfit(f"the compute does not scale as ceil(d / c) at {d} elements")
 
 
+PACKED = ("src", "dst", "round", "op", "a", "b", "q", "carried", "channel")
+
+
+def pack(values: list) -> list | dict:
+    """An integer column as the shorter of itself and its runs of equal steps: ``{"runs": [first,
+    step, count, step, count, ...]}`` (schedules repeat a pattern per worker and per round, so
+    a column of thousands is a few dozen numbers); ``static/site.js`` unpacks it.
+
+    >>> pack([0, 1, 2, 3, 0, 1, 2, 3])
+    {'runs': [0, 1, 3, -3, 1, 1, 3]}
+    """
+    if len(values) < 3:
+        return list(values)
+    steps = np.diff(np.asarray(values, np.int64))
+    change = np.flatnonzero(np.diff(steps)) + 1
+    starts = np.concatenate([[0], change])
+    counts = np.diff(np.concatenate([starts, [len(steps)]]))
+    runs = [int(values[0])] + np.column_stack([steps[starts], counts]).ravel().tolist()
+    return {"runs": runs} if len(runs) < len(values) else list(values)
+
+
+def unpack(column) -> list:
+    """``pack``'s inverse: ``unpack(pack(x)) == x``."""
+    if isinstance(column, list):
+        return column
+    runs = column["runs"]
+    out = [runs[0]]
+    for step, count in zip(runs[1::2], runs[2::2]):
+        base = out[-1]
+        out.extend(base + step * (k + 1) for k in range(count))
+    return out
+
+
+def packed(data: dict) -> dict:
+    """A family's integer columns packed (``pack``), its compute's too."""
+    out = {k: pack(v) if k in PACKED and isinstance(v, list) else v for k, v in data.items()}
+    if isinstance(data.get("compute"), dict):
+        out["compute"] = {k: pack(v) for k, v in data["compute"].items()}
+    return out
+
+
 def schedule_data(build) -> dict:
     """One schedule family as data: ``build(d)`` gives the schedule for ``d`` elements.
     Its transfers (src, dst, round, op), their pieces as cut labels or multiples of

@@ -18,7 +18,6 @@ import numpy as np
 from .. import algorithms, dtypes
 from ..model.cost import predict
 from ..errors import ConfigError
-from ..core.narrate import narrate
 from ..core.schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
 from ..model.simulate import SimResult, simulate
 from ..model.topology import Link, Topology, preset
@@ -26,7 +25,8 @@ from ..model.topology.presets import pcie_switch
 from ..tools.report import bus_bandwidth
 from ..units import parse_bandwidth, parse_size, parse_time
 from .failures import failure
-from .layout import layout
+from .layout import fills, layout
+from .lesson import channels, closed_form, narration
 from .options import MAX_COMPONENTS_PER_WORKER, TREE_SEGMENTS, view_options  # noqa: F401 (the page's limits)
 
 MAX_TRANSFERS = 60_000        # keeps every request's work and response bounded
@@ -227,6 +227,7 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     drawing = _drawing(topology, topo, result)
     cuts = chunk_cuts(schedule)
     estimate = design_estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
+    options = view_options(algorithm, topo, n, nbytes, components, eps)
     out = {
         "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
         "topology": drawing,
@@ -240,8 +241,9 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
-                      "done": result.done.tolist(), "route": route.tolist()},
+                      "done": result.done.tolist(), "route": route.tolist(), "channel": channels(schedule)},
         "routes": routes,
+        "closed_form": closed_form(spec, topo, n, nbytes, itemsize, options) if compression in (None, "fp16", "bf16") else None,
         "failure": None,
         "compression": None if label is None else {
             "codec": label, "itemsize": itemsize, "collectives": schedule.algorithm,
@@ -255,21 +257,6 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         out["failure"]["recovery"] = _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, eps,
                                                compression)
     return out
-
-
-def narration(spec, schedule, cuts, names=None) -> list[dict]:
-    """The schedule told round by round (``core.narrate``), its phases named as the algorithm
-    names them, and by level (inside or across machines) for an algorithm that groups workers
-    into machines (its ``machine_option``).
-
-    >>> from gradsync import algorithms
-    >>> narration(algorithms.get("ring"), algorithms.build("ring", 4, 8), [0, 2, 4, 6, 8])[0]["phase"]
-    'reduce-scatter'
-    """
-    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
-              if key in spec.phases}
-    machine = schedule.options.get(spec.machine_option) if spec.machine_option else None
-    return narrate(schedule, cuts, names, phases, machine_size=machine)
 
 
 def schedule_for(algorithm: str, topo: Topology, n: int, nbytes: int, compression, components,
@@ -297,7 +284,7 @@ def _drawing(preset_name: str, topo: Topology, result: SimResult) -> dict:
             for k, l in enumerate(topo.links)]
     return {
         "name": topo.name, "preset": preset_name, "description": topo.description,
-        "fixed_workers": fixed_workers(preset_name),
+        "fixed_workers": fixed_workers(preset_name), "fill": fills(preset_name),
         "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y} for nd, (x, y) in zip(topo.nodes, pos)],
         "links": [{"a": topo.index[l.a], "b": topo.index[l.b], "bandwidth": l.bandwidth, "latency": l.latency,
                    "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1]),

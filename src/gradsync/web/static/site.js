@@ -8,6 +8,21 @@ const gradsyncSite = (() => {
   const topologies = new Map();
   function fieldError(field, message) { const e = new Error(message); e.field = field; return e; }
 
+  // A family's integer columns as written: a list, or runs of equal steps (site_model.pack).
+  function unpack(column) {
+    if (!column || Array.isArray(column)) return column;
+    const r = column.runs, out = [r[0]];
+    for (let j = 1; j < r.length; j += 2) { const base = out[out.length - 1]; for (let k = 1; k <= r[j + 1]; k++) out.push(base + r[j] * k); }
+    return out;
+  }
+  function unpacked(f) {
+    if (f.unpacked) return f;
+    for (const key of ["src", "dst", "round", "op", "a", "b", "q", "carried", "channel"]) if (key in f) f[key] = unpack(f[key]);
+    if (f.compute) for (const key of Object.keys(f.compute)) f.compute[key] = unpack(f.compute[key]);
+    f.unpacked = true;
+    return f;
+  }
+
   function treeSegments(bytes, most) {                              // web.options.tree_segments
     const wanted = Math.max(1, Math.ceil(Math.floor(bytes / 4) / (1 << 18)));
     let s = 1; while (s < wanted) s *= 2;
@@ -33,7 +48,7 @@ const gradsyncSite = (() => {
     const segments = treeSegments(bytes, lim.tree_segments);
     const uniform = links.bandwidth !== null ? "|uniform" : "";   // one bandwidth: options as on one tier of links
     const key = core.index[`${p.algorithm}|${preset}|${n}|${segments}${uniform}`] ?? core.index[`${p.algorithm}|${preset}|${n}|0${uniform}`];
-    const family = key && schedules[p.algorithm] && schedules[p.algorithm][key];
+    const found = key && schedules[p.algorithm] && schedules[p.algorithm][key], family = found && unpacked(found);
     if (!family) throw fieldError("algorithm", `${p.algorithm} is not defined on ${preset} with ${n} workers`);
     const topoKey = `${preset}|${n}|${links.bandwidth}|${links.latency}`;
     if (!topologies.has(topoKey)) {                                // one object per links: its routes are kept
@@ -63,7 +78,7 @@ const gradsyncSite = (() => {
 
   function drawing(c, sim) {
     const cb = sim.channelBytes, topo = c.topo;
-    return { name: topo.name, preset: c.preset, description: topo.description, fixed_workers: topo.fixed_workers,
+    return { name: topo.name, preset: c.preset, description: topo.description, fixed_workers: topo.fixed_workers, fill: topo.fill,
              nodes: topo.nodes.map((nd) => ({ name: nd.name, kind: nd.kind, x: nd.x, y: nd.y })),
              links: topo.links.map((l, k) => ({ a: l.a, b: l.b, bandwidth: l.bandwidth, latency: l.latency, bend: l.bend,
                                                 bytes: cb[2 * k] + cb[2 * k + 1], busy_s: Math.max(cb[2 * k], cb[2 * k + 1]) / l.bandwidth })) };
@@ -86,7 +101,8 @@ const gradsyncSite = (() => {
       narration: f.narration.map((s) => Object.fromEntries(Object.entries(s).map(([k, v]) =>
         [k, typeof v === "string" ? v.replace(/\u00ab(\d+)\u00bb/g, (_, i) => names[Number(i)]) : v]))),
       transfers: { src: pick(f.src), dst: pick(f.dst), round: pick(f.round), op: pick(f.op), offset: pick(sim.offset),
-                   count: pick(sim.count), carried: pick(f.carried), start: Array.from(sim.start), done: Array.from(sim.done), route },
+                   count: pick(sim.count), carried: pick(f.carried), start: Array.from(sim.start), done: Array.from(sim.done), route,
+                   channel: f.channel ? pick(f.channel) : null },
       routes, failure: null, compression: null, links_in_force: c.links,
     };
     if (p.compression) {
