@@ -46,9 +46,9 @@ def _label_values(d: int, labels, weights) -> np.ndarray:
     return out
 
 
-def _fit_labels(values: np.ndarray, weights) -> list:
-    """The label of each cut value at REF elements (the fewest parts that give it)."""
-    outer = _split(REF, weights)
+def _fit_labels(values: np.ndarray, weights, total: int = REF) -> list:
+    """The label of each cut value at ``total`` elements (the fewest parts that give it)."""
+    outer = _split(total, weights)
     labels = []
     for v in values.tolist():
         k = min(int(np.searchsorted(outer, v, side="right")) - 1, len(weights) - 1)
@@ -60,7 +60,7 @@ def _fit_labels(values: np.ndarray, weights) -> list:
                 found = [k, q, i]
                 break
         if found is None:
-            raise Unfit(f"cut {v} of {REF} is not i / Q of a part for Q <= {MAX_PARTS}")
+            raise Unfit(f"cut {v} of {total} is not i / Q of a part for Q <= {MAX_PARTS}")
         labels.append(found)
     return labels
 
@@ -83,7 +83,7 @@ def _cut_form(ref, weights) -> dict:
     if len(ref.compute):
         raise Unfit("local compute with cut labels")
     values = np.unique(np.concatenate([[0, ref.elements], t["offset"], t["offset"] + t["count"]]))
-    labels = _fit_labels(values, weights)
+    labels = _fit_labels(values, weights, ref.elements)
     return {"mode": "cuts", "labels": labels, "weights": list(map(float, weights)),
             "a": np.searchsorted(values, t["offset"]).tolist(),
             "b": np.searchsorted(values, t["offset"] + t["count"]).tolist()}
@@ -111,8 +111,8 @@ def counts_at(form: dict, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return np.asarray(form["a"]) * m, np.asarray(form["q"]) * m, np.asarray(form["compute"]["k"]) * m
 
 
-def _check(form: dict, rows: np.ndarray, build) -> None:
-    for d in CHECKED:
+def _check(form: dict, rows: np.ndarray, build, checked=CHECKED) -> None:
+    for d in checked:
         s = build(d)
         offset, count, madds = counts_at(form, d)
         kept = count > 0
@@ -165,23 +165,23 @@ def packed(data: dict) -> dict:
     return out
 
 
-def schedule_data(build) -> dict:
+def schedule_data(build, ref_elements: int = REF, checked=CHECKED) -> dict:
     """One schedule family as data: ``build(d)`` gives the schedule for ``d`` elements.
     Its transfers (src, dst, round, op), their pieces as cut labels or multiples of
     ceil(d / c), and how many inputs each carries; checked at every size of ``CHECKED``."""
-    ref = build(REF)
+    ref = build(ref_elements)
     rows = _rows(ref.transfers)
     form = None
     for outer in _outer_splits(ref):
         try:
             form = _cut_form(ref, outer) if ref.codec is None else _ceil_form(ref)
-            _check(form, rows, build)
+            _check(form, rows, build, checked)
             break
         except Unfit:
             form = None
     if form is None:
         form = _ceil_form(ref)
-        _check(form, rows, build)
+        _check(form, rows, build, checked)
     src, dst, rnd, op = rows.tolist()
     return {**form, "src": src, "dst": dst, "round": rnd, "op": op, "rounds": ref.rounds,
             "nodes": ref.nodes, "workers": ref.workers, "helpers": list(ref.helpers),

@@ -83,15 +83,34 @@ const Lesson = (() => {
   }
 
   // A round's transfers one by one, written from the transfers themselves ("gpu0 -> gpu1: chunk 3").
-  const MAX_DETAIL = 64;
-  function detail(round) {
-    const t = S.data.transfers, A = S.anim, k = A.k, mine = [];
+  const MAX_DETAIL = 64, LISTED = 12;
+  const VERB = { [REDUCE]: "adds what it receives to its own", [COPY]: "stores what it receives in place of its own",
+                 [CODED]: "folds what it receives into its next packet" };
+  function roundTransfers(round) {
+    const t = S.data.transfers, A = S.anim, mine = [];
     for (let i = 0; i < t.src.length; i++) if (t.round[i] === round) mine.push(i);
-    mine.sort((a, b) => t.src[a] - t.src[b] || t.dst[a] - t.dst[b] || A.span[2 * a] - A.span[2 * b]);
-    const words = (i) => { const a = A.span[2 * i], b = A.span[2 * i + 1];
-      return t.op[i] === CODED ? "coded packet" : a === 0 && b === k ? "the whole buffer" : b - a === 1 ? `chunk ${a}` : `chunks ${a}-${b - 1}`; };
+    return mine.sort((a, b) => t.src[a] - t.src[b] || t.dst[a] - t.dst[b] || A.span[2 * a] - A.span[2 * b]);
+  }
+  function words(i) {
+    const t = S.data.transfers, A = S.anim, a = A.span[2 * i], b = A.span[2 * i + 1];
+    return t.op[i] === CODED ? "its coded packet" : a === 0 && b === A.k ? "the whole buffer" : b - a === 1 ? `chunk ${a}` : `chunks ${a}-${b - 1}`;
+  }
+  function detail(round) {
+    const t = S.data.transfers, mine = roundTransfers(round);
     const items = mine.slice(0, MAX_DETAIL).map((i) => `${nodeName(t.src[i])} -> ${nodeName(t.dst[i])}: ${words(i)}`);
     return items.join("; ") + (mine.length > MAX_DETAIL ? `, and ${mine.length - MAX_DETAIL} more` : "");
+  }
+  // The sentence of a round the page lists itself (a composed schedule, or pieces dropped at a
+  // tiny size): its transfers, kind by kind, as core.narrate lists what no rule states.
+  function listing(entry, j, total) {
+    const t = S.data.transfers, mine = roundTransfers(entry.round), parts = [];
+    for (const op of [REDUCE, COPY, CODED]) {
+      const of = mine.filter((i) => t.op[i] === op);
+      if (!of.length) continue;
+      const items = of.slice(0, LISTED).map((i) => `${nodeName(t.src[i])} sends ${words(i)} to ${nodeName(t.dst[i])}`);
+      parts.push(`${of.length} transfer${of.length > 1 ? "s" : ""}: ${items.join(", ")}${of.length > LISTED ? `, and ${of.length - LISTED} more (listed below)` : ""}, each receiver ${VERB[op]}`);
+    }
+    return `${entry.phase ? entry.phase + ", " : ""}round ${j + 1} of ${total}: ${parts.join("; ")}.`;
   }
 
   function numbers() {
@@ -141,6 +160,7 @@ const Lesson = (() => {
 
   function panels() {
     const d = S.data;
+    d.narration.forEach((s, j) => { if (s.listed && !s.text) s.text = listing(s, j, d.narration.length); });
     numbers();
     $("explain-title").textContent = `How ${d.algorithm} works`;
     $("explanation").textContent = (d.summary ? d.summary + ".\n" : "") + (d.explanation || "");

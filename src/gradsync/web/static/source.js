@@ -26,7 +26,9 @@ const Source = (() => {
   async function schedulesFor(names) {
     for (const name of names) if (!(name in window.gradsyncSchedules)) window.gradsyncSchedules[name] = await staticData(`schedules-${name}`);
   }
-  const loadAll = () => schedulesFor(core.algorithms);
+  const loadAll = () => schedulesFor(core.algorithms.concat(["all_gather"]));
+  // the families a question needs: its algorithm's, and the ring's all-gather for codecs that gather
+  const needed = (params, algorithm) => [algorithm].concat(/^(topk|sign)/.test(params.compression || "") ? ["all_gather"] : []);
 
   // What the page offers: algorithms, topologies, codecs, the runtime's detection parameters.
   async function presets() {
@@ -56,7 +58,7 @@ const Source = (() => {
 
   async function simulate(params, signal, stale, waiting) {
     if (STATIC) {
-      await schedulesFor([params.algorithm]);
+      await schedulesFor(needed(params, params.algorithm));
       return answer(() => gradsyncSite.simulation(core, window.gradsyncSchedules, params));
     }
     return ask("api/simulate", { method: "POST", headers: { "content-type": "application/json" },
@@ -67,7 +69,7 @@ const Source = (() => {
 
   async function compare(params, algorithm, signal, stale) {
     if (STATIC) {
-      await schedulesFor([algorithm]);
+      await schedulesFor(needed(params, algorithm));
       await new Promise((ok) => setTimeout(ok, 0));            // a frame between curves
       return answer(() => gradsyncSite.comparison(core, window.gradsyncSchedules, params, algorithm));
     }
