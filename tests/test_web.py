@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from gradsync.web.app import create_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
@@ -262,20 +260,6 @@ def server():
     except subprocess.TimeoutExpired:        # a background computation still running: not a test result
         proc.kill()
         proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run", "--disable-sync"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

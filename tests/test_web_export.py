@@ -4,68 +4,16 @@ gradsync's own simulator, and the page opened from file:// with the network bloc
 import math
 import os
 import random
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from gradsync import algorithms
 from gradsync.errors import ConfigError
 from gradsync.model.simulate import simulate
-from gradsync.web import export, failures, site_model, view
+from gradsync.web import failures, site_model, view
+from web_site import _offline_page   # its fixtures (site, browser, offline) come from conftest.py: one export per run
 
-CHROMIUM = "/usr/bin/chromium"
 CONFIGS = int(os.environ.get("GRADSYNC_WEB_CONFIGS", 560))      # more: GRADSYNC_WEB_CONFIGS=2000
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("export") / "view"
-    export.export(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                              "--disable-background-networking", "--no-first-run"])
-        yield b
-        b.close()
-
-
-@pytest.fixture(scope="module")
-def offline(browser, site):
-    """One export page at 1366 x 768 with every schedule loaded, shared by the tests that
-    only read it (each leaves it as it found it)."""
-    page = _offline_page(browser, site)
-    page.evaluate("window.gradsyncLoadAll()")
-    yield page
-    page.close()
-
-
-def _offline_page(browser, site, viewport=(1366, 768)):
-    """The export's page from file://, every request that is not a local file refused and kept."""
-    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
-    page.outside, page.errors = [], []
-
-    def guard(route):
-        if route.request.url.startswith("file://"):
-            return route.continue_()
-        page.outside.append(route.request.url)
-        return route.abort()
-    page.route("**/*", guard)
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.goto((site / "index.html").as_uri())
-    page.wait_for_function("window.gradsyncStats && window.gradsyncStats.timeS > 0")
-    return page
 
 
 def test_cut_labels_reproduce_every_schedule_at_sizes_they_were_not_fitted_at():

@@ -78,21 +78,28 @@ const Layout = (() => {
   }
   const equalNote = (util) => `all ${util.filter((u) => u > 0).length} links in use equally busy: ${Math.round(Math.max(...util) * 100)}% of the time`;
 
-  // The buffers: the widest cells that fit under every worker, each chunk a cell; when a cell
-  // would be under MIN_CELL px, `group` neighbouring chunks share one (its fill their mean).
+  // The buffers: the widest cells that fit beside every worker (below it, else above, right or
+  // left of it: in a crowded ring the side away from its neighbours), each chunk a cell; when a
+  // cell would be under MIN_CELL px, `group` neighbouring chunks share one (its fill their mean).
   function placeCells(boxes, inside) {
     const d = S.data, geom = S.geom, k = S.anim.k, workers = Array.from({ length: S.anim.nodes }, (_, s) => d.placement[s]);
-    geom.cell = null;
+    geom.cell = null; geom.strips = null;
     const groups = [1, 2, 4, 8, 16].filter((q) => q === 1 || q < k);
     for (const group of groups) for (const w of CELL_WIDTHS) {
       const cells = Math.ceil(k / group), numbers = cells <= 16 && w >= 14, h = Math.max(10, Math.min(26, Math.round(w * 0.9)));
-      const strip = (nd, s) => ({ kind: "buffer", owner: s, x0: geom.x[nd] - (w * cells) / 2, y0: geom.y[nd] + geom.r[nd] + 4,
-        x1: geom.x[nd] + (w * cells) / 2, y1: geom.y[nd] + geom.r[nd] + 4 + h + (numbers ? 14 : 0) + (d.estimate ? 14 : 0) });
-      const strips = workers.map(strip);
-      const clear = strips.every((b, j) => inside(b) && !boxes.some((o) => overlaps(o, b)) && !strips.some((o, q) => q !== j && overlaps(o, b)));
-      if (clear && w >= MIN_CELL) {
+      const sw = w * cells, sh = h + (numbers ? 14 : 0) + (d.estimate ? 14 : 0), placed = [];
+      for (const nd of workers) {
+        const x = geom.x[nd], y = geom.y[nd], gap = geom.r[nd] + 4;
+        const spots = [[x - sw / 2, y + gap], [x - sw / 2, y - gap - sh], [x + gap, y - sh / 2], [x - gap - sw, y - sh / 2]];
+        const found = spots.map(([x0, y0]) => ({ kind: "buffer", owner: placed.length, x0, y0, x1: x0 + sw, y1: y0 + sh }))
+          .find((b) => inside(b) && !boxes.some((o) => overlaps(o, b)) && !placed.some((o) => overlaps(o, b)));
+        if (!found) break;
+        placed.push(found);
+      }
+      if (placed.length === workers.length) {
         geom.cell = { w, h, group, cells, numbers };
-        boxes.push(...strips);
+        geom.strips = placed;
+        boxes.push(...placed);
         return;
       }
     }
@@ -146,8 +153,8 @@ const Layout = (() => {
   function strip(node) {
     const geom = S.geom;
     if (!geom.cell) return null;
-    const { w, h, cells } = geom.cell, nd = S.data.placement[node];
-    return { x0: geom.x[nd] - (w * cells) / 2, y0: geom.y[nd] + geom.r[nd] + 4, w, h, cells };
+    const { w, h, cells } = geom.cell, b = geom.strips[node];
+    return { x0: b.x0, y0: b.y0, w, h, cells };
   }
   function chunkAt(x, y) {
     for (let s = 0; s < S.anim.nodes; s++) {
