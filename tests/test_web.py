@@ -390,6 +390,16 @@ def test_cerar_designs_the_view_builds_are_bounded_and_refused_ones_are_marked(c
     assert not ok["refused"] and ok["error"] <= ok["limit"]
 
 
+def test_compare_follows_the_codec(client):
+    # on 100 Mbit/s links the wire is the time: fp16's curve is half of float32's, closed forms too
+    q = "/api/compare?size=16MB&topology=ethernet&bandwidth=100Mbit/s&algorithm=ring"
+    plain, half = _eventually(client.get, q).json(), _eventually(client.get, q + "&compression=fp16").json()
+    assert half["compression"] == "fp16" and plain["compression"] is None
+    for key in ("simulated_s", "closed_form_s"):
+        ratio = [h / p for h, p in zip(half["curves"]["ring"][key], plain["curves"]["ring"][key])]
+        assert all(0.45 < r < 0.55 for r in ratio), (key, ratio)
+
+
 def test_compare_follows_topology_links_and_cerar(client):
     base = _eventually(client.get, "/api/compare?size=16MB&topology=dgx-2&algorithm=ring").json()
     assert base["workers"][-1] == 16 and "dgx-2" in base["topology"]

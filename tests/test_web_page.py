@@ -5,6 +5,7 @@ the cost formula, two algorithms side by side, the tour, the chart with the code
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,5 +305,26 @@ def test_the_chart_and_header_follow_the_codec(offline):
         assert 0 <= b["x0"] and b["x1"] <= chart["size"]["w"] and 0 <= b["y0"] and b["y1"] <= chart["size"]["h"], b
         assert all(_apart(b | {"kind": "label"}, o | {"kind": "label"}) for o in chart["boxes"][:i]), b
     assert sum(b["text"].startswith("D2L") for b in chart["boxes"]) == 3
+    # the caption promises the dashed closed forms, and the curves have them (the preset's links)
+    assert "closed form: dashed" in page.text_content("#chart-caption")
+    assert all(any(x for x in c["closed_form_s"]) for c in page.evaluate("window.gradsyncStats.chart.curves").values())
     page.select_option("#topology", "ring")
     assert page.errors == []
+
+
+def test_a_fast_phase_beside_a_slow_one_keeps_an_eighth_of_the_timeline(offline):
+    # hierarchical on two servers: 20 ms of PCIe steps beside a 1.3 s Ethernet phase
+    offline.evaluate("window.gradsyncView.layoutFor({ algorithm: 'hierarchical', topology: 'lowbw-cluster', workers: 8, size: '160MB' })")
+    knots = offline.evaluate("window.gradsyncStats.timelineKnots")
+    assert knots and len(knots) >= 4
+    fracs = [offline.evaluate(f"window.gradsyncView.frac({k})") for k in knots]
+    shares = [b - a for a, b in zip(fracs, fracs[1:]) if b > a]
+    assert min(shares) >= 0.1
+    offline.evaluate("window.gradsyncView.layoutFor({ algorithm: 'host', topology: 'ring', workers: 8, size: '160MB' })")
+    assert "cpu" in [r["label"] for r in offline.evaluate("window.gradsyncStats.timelineRows")]      # not "helper"
+
+
+def test_no_file_of_the_page_is_over_400_lines():
+    static = Path(view.__file__).parent / "static"
+    sizes = {f.name: len(f.read_text().splitlines()) for f in static.iterdir() if f.suffix in (".js", ".css", ".html")}
+    assert max(sizes.values()) <= 400 and "app.js" not in sizes, sizes

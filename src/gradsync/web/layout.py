@@ -81,7 +81,7 @@ def _cluster(topo: Topology) -> dict[str, tuple[float, float]]:
         pos[f"{server}-nic"] = (mid, 0.42)
         pos[f"{server}-pcie"] = (mid, 0.6)
         gpus = [n.name for n in topo.nodes if n.name.startswith(server + "-gpu")]
-        pos.update(zip(gpus, _row(len(gpus), 0.85, x0 + 0.04, x1 - 0.04)))
+        pos.update(zip(gpus, _row(len(gpus), 0.8, x0 + 0.04, x1 - 0.04)))
     return pos
 
 

@@ -73,8 +73,8 @@ const Controls = (() => {
     $("cells-note").textContent = !S.geom.cell ? `${S.anim.k} chunks per buffer do not fit under ${d.workers} workers here: each worker's ring shows how much of the sum it holds.`
       : S.geom.cell.group > 1 ? `Each cell stands for ${S.geom.cell.group} neighbouring chunks (one chunk would be under 8 px): its fill is their mean.` : "";
     speedLabel();
-    Compare.table(); Compare.draw();
-    if (S.chart.meta) Chart.draw();
+    // the side-by-side strips and the chart's mark after the first frame of the new answer
+    requestAnimationFrame(() => setTimeout(() => { if (S.data !== d) return; Compare.table(); Compare.draw(); if (S.chart.meta) Chart.draw(); }, 0));
   }
 
   // The controls set from a tour step (or any caller), the answer awaited.

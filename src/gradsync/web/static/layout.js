@@ -85,12 +85,13 @@ const Layout = (() => {
     const d = S.data, geom = S.geom, k = S.anim.k, workers = Array.from({ length: S.anim.nodes }, (_, s) => d.placement[s]);
     geom.cell = null; geom.strips = null;
     const groups = [1, 2, 4, 8, 16].filter((q) => q === 1 || q < k);
-    for (const group of groups) for (const w of CELL_WIDTHS) {
+    // every strip below its worker if any width allows, so each is plainly its worker's; else each where it fits
+    for (const group of groups) for (const below of [true, false]) for (const w of CELL_WIDTHS) {
       const cells = Math.ceil(k / group), numbers = cells <= 16 && w >= 14, h = Math.max(10, Math.min(26, Math.round(w * 0.9)));
       const sw = w * cells, sh = h + (numbers ? 14 : 0) + (d.estimate ? 14 : 0), placed = [];
       for (const nd of workers) {
         const x = geom.x[nd], y = geom.y[nd], gap = geom.r[nd] + 4;
-        const spots = [[x - sw / 2, y + gap], [x - sw / 2, y - gap - sh], [x + gap, y - sh / 2], [x - gap - sw, y - sh / 2]];
+        const spots = [[x - sw / 2, y + gap], [x - sw / 2, y - gap - sh], [x + gap, y - sh / 2], [x - gap - sw, y - sh / 2]].slice(0, below ? 1 : 4);
         const found = spots.map(([x0, y0]) => ({ kind: "buffer", owner: placed.length, x0, y0, x1: x0 + sw, y1: y0 + sh }))
           .find((b) => inside(b) && !boxes.some((o) => overlaps(o, b)) && !placed.some((o) => overlaps(o, b)));
         if (!found) break;

@@ -23,9 +23,10 @@ const Tour = (() => {
         return `Eight V100s joined by NVLink in a hybrid cube-mesh. gradsync runs two rings at once over different NVLinks, each on its ` +
           `own part of the buffer (the sentences name both): ${fmtTime(S.data.time_s)} for 160 MB, where D2L reports about 6 ms.`; } },
     { title: "5. The same machine, six GPUs", set: { ...ring4, topology: "p3.16xlarge", workers: "6", size: "160MB" }, at: () => S.data.time_s * 0.3,
-      text: () => `With six of the eight GPUs the two NVLink rings do not close, so one ring runs, partly over slower routes: ` +
-        `${fmtTime(S.data.time_s)}${Tour.eight ? `, ${(S.data.time_s / Tour.eight).toFixed(1)}× the ${fmtTime(Tour.eight)} of all eight` : ""}. ` +
-        `The busiest link (dashed amber) is the bottleneck.` },
+      text: () => `With six of the eight GPUs the two NVLink rings do not close: one ring runs, some of its hops routed through ` +
+        `a third node, its links unequally busy: ${fmtTime(S.data.time_s)}` +
+        `${Tour.eight ? `, ${(S.data.time_s / Tour.eight).toFixed(1)}× the ${fmtTime(Tour.eight)} of all eight` : ""}. ` +
+        `The busiest link (dashed amber) sets the pace.` },
     { title: "6. D2L's server, side by side", set: { ...ring4, algorithm: "central", topology: "pcie-switch-4", workers: "4", size: "160MB", beside: "sharded" },
       at: () => S.data.time_s * 0.4,
       text: () => `Four GPUs on one PCIe switch: summing on one GPU (central) against sharding the sum over all four (beside it, ` +
