@@ -422,14 +422,18 @@ def test_ring_narration_at_four_workers_matches_the_schedule(client):
     t, names = s.transfers, [d["topology"]["nodes"][p]["name"] for p in d["placement"]]
     chunk = len(d["cells"]) - 1
     assert chunk == 4 and len(d["narration"]) == s.rounds == 6
+    from gradsync import algorithms
+    from gradsync.web.lesson import narration
+    listed = narration(algorithms.get("ring"), s, d["cells"], names)   # with each round's transfers one by one
     for r, step in enumerate(d["narration"]):
+        assert step["text"] == listed[r]["text"] and "transfers" not in step
         phase, k = ("reduce-scatter", r + 1) if r < 3 else ("all-gather", r - 2)
         assert step["text"].startswith(f"{phase}, step {k} of 3: every worker i sends chunk ")
         assert ("adds it" in step["text"]) == (r < 3)
         sent = t[t["round"] == r]
         for src, dst, offset in zip(sent["src"], sent["dst"], sent["offset"]):
             c = int(np.searchsorted(d["cells"], offset, side="right") - 1)
-            assert f"{names[src]} -> {names[dst]}: chunk {c}" in step["transfers"]
+            assert f"{names[src]} -> {names[dst]}: chunk {c}" in listed[r]["transfers"]
             # and the rule agrees: chunk i + shift from worker i to worker i + 1, the shift written
             # in one window per phase (i + 1, i, i - 1, i - 2), so its sign never flips halfway
             shift = (c - src) % 4

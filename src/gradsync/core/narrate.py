@@ -207,7 +207,7 @@ def _detail(t: dict, first, end, chunks: int, names) -> str:
     return "; ".join(items) + more
 
 
-def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_size) -> dict:
+def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_size, detail: bool) -> dict:
     chunks = len(cuts) - 1
     first, end = chunk_of(cuts, t["offset"], t["count"])
     coded = t["op"] == CODED
@@ -226,19 +226,23 @@ def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_s
                             machine_size)
             said = tell(g)
             clauses += said if c is None else [f"on channel {c}: {x}" for x in said]
-    return {"round": r, "phase": " + ".join(h[0] for h in heads),
-            "text": " and ".join(h[1] for h in heads) + ": " + "; ".join(clauses) + ".",
-            "transfers": _detail(t, first, end, chunks, names)}
+    out = {"round": r, "phase": " + ".join(h[0] for h in heads),
+           "text": " and ".join(h[1] for h in heads) + ": " + "; ".join(clauses) + "."}
+    if detail:
+        out["transfers"] = _detail(t, first, end, chunks, names)
+    return out
 
 
-def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None, rounds=None) -> list[dict]:
+def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None, rounds=None,
+            detail: bool = True) -> list[dict]:
     """One entry per round: its phase, its step within that phase, and the sentence saying
     who sends which chunk to whom. ``cuts`` are the chunk boundaries (element offsets);
     ``names`` name the schedule's nodes (default "worker i", and the helpers' own names);
     ``phases`` map REDUCE, COPY and CODED to phase names (default reduce, gather, coded
     exchange); ``machine_size``: workers per machine (consecutive ranks), for algorithms that
     work inside and across machines, whose phases are then named by level; ``rounds``: the
-    rounds to tell (default all).
+    rounds to tell (default all); ``detail``: each entry's "transfers", the round's transfers
+    listed one by one (up to MAX_DETAIL).
 
     >>> from gradsync.algorithms import ring
     >>> s = ring.schedule(4, 8)
@@ -253,4 +257,4 @@ def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None
     kinds = [source.kinds(r, machine_size) for r in range(schedule.rounds)]
     steps = _phase_names(kinds, phases, machine_size, workers)
     wanted = range(schedule.rounds) if rounds is None else rounds
-    return [_sentence(source.get(r), r, cuts, names, steps, workers, machine_size) for r in wanted if kinds[r]]
+    return [_sentence(source.get(r), r, cuts, names, steps, workers, machine_size, detail) for r in wanted if kinds[r]]

@@ -63,7 +63,11 @@ class Group:
     machine: int | None = None      # workers per machine (consecutive ranks), if known
 
     def rows(self) -> list[tuple]:
-        return sorted(zip(self.src.tolist(), self.dst.tolist(), self.first.tolist(), self.end.tolist()))
+        """(src, dst, first, end) of each transfer, sorted; computed once (every rule compares its claims with it)."""
+        if "_rows" not in self.__dict__:
+            object.__setattr__(self, "_rows", sorted(zip(self.src.tolist(), self.dst.tolist(), self.first.tolist(),
+                                                         self.end.tolist())))
+        return self.__dict__["_rows"]
 
     def part(self, keep: np.ndarray) -> "Group":
         return Group(self.op, self.src[keep], self.dst[keep], self.first[keep], self.end[keep], self.workers,
@@ -116,7 +120,7 @@ def shift_offset(o: int, period: int, step: int) -> int:
 
 def checked(group: Group, claims, text: str) -> str | None:
     """``text`` if the transfers it claims are exactly the group's, else None."""
-    return text if sorted(claims) == group.rows() else None
+    return text if len(claims) == len(group.src) and sorted(claims) == group.rows() else None
 
 
 def _same_span(g: Group) -> tuple[int, int] | None:

@@ -87,8 +87,7 @@ def _family(algorithm: str, n: int, options: dict, dtype: str = "float32") -> di
     data = site_model.schedule_data(lambda d: algorithms.build(algorithm, n, d, dtype=dtype, **options, **extra))
     tokens = [f"\u00ab{i}\u00bb" for i in range(ref.nodes)]     # the page puts each preset's names in
     # the sentences; each round's list of transfers the page writes from the transfers themselves
-    data["narration"] = [{k: v for k, v in x.items() if k != "transfers"}
-                         for x in view.narration(spec, ref, view.chunk_cuts(ref), tokens)]
+    data["narration"] = view.narration(spec, ref, view.chunk_cuts(ref), tokens, detail=False)
     data["estimate"] = view.design_estimate(ref)
     data["channel"] = view.channels(ref)
     return data
@@ -191,8 +190,7 @@ def _gather_family(n: int) -> dict | None:
         return None
     ref = all_gather_schedule(n, site_model.REF // n)
     tokens = [f"\u00ab{i}\u00bb" for i in range(ref.nodes)]
-    data["narration"] = [{k: v for k, v in x.items() if k != "transfers"}
-                         for x in narrate(ref, view.chunk_cuts(ref), tokens, {COPY: "all-gather"})]
+    data["narration"] = narrate(ref, view.chunk_cuts(ref), tokens, {COPY: "all-gather"}, detail=False)
     data["estimate"], data["channel"] = None, None
     return data
 

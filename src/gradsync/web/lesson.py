@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..model.topology import Topology
 
 
-def narration(spec, schedule, cuts, names=None) -> list[dict]:
+def narration(spec, schedule, cuts, names=None, detail: bool = True) -> list[dict]:
     """The schedule told round by round (``core.narrate``), its phases named as the algorithm
     names them, and by level (inside or across machines) for an algorithm that groups workers
     into machines (its ``machine_option``).
@@ -28,7 +28,7 @@ def narration(spec, schedule, cuts, names=None) -> list[dict]:
     phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
               if key in spec.phases}
     machine = schedule.options.get(spec.machine_option) if spec.machine_option else None
-    return narrate(schedule, cuts, names, phases, machine_size=machine)
+    return narrate(schedule, cuts, names, phases, machine_size=machine, detail=detail)
 
 
 def channels(schedule) -> list[int] | None:

@@ -238,7 +238,8 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         "busbw_GBps": bus_bandwidth(nbytes, result.time, n) / 1e9,
         "error": estimate["error"] if estimate else None, "estimate": estimate,
         "placement": result.placement.tolist(), "cells": cuts,
-        "narration": narration(spec, schedule, cuts, placed),
+        # the sentences; each round's list of transfers the page writes from the transfers themselves
+        "narration": narration(spec, schedule, cuts, placed, detail=False),
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
