@@ -247,8 +247,8 @@ LAYOUTS = """([presets, counts]) => { const out = [];
   return out; }"""
 
 
-@pytest.mark.parametrize("viewport", [(1366, 768), pytest.param((1920, 1080), marks=pytest.mark.slow),
-                                      pytest.param((390, 844), marks=pytest.mark.slow)])
+@pytest.mark.slow         # the default run's sample: tests/test_web_page.py, at 1366 x 768
+@pytest.mark.parametrize("viewport", [(1366, 768), (1920, 1080), (390, 844)])
 def test_no_two_labels_or_buffers_overlap_on_any_preset_at_any_worker_count(browser, site, offline, viewport):
     page = offline if viewport == (1366, 768) else _offline_page(browser, site, viewport)
     page.evaluate("window.gradsyncLoadAll()")
