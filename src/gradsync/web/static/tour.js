@@ -9,7 +9,7 @@ const Tour = (() => {
   const STEPS = [
     { title: "1. A ring of four GPUs", set: ring4, follow: 0, at: () => 0,
       text: () => `Each GPU's gradient is cut into ${S.anim.k} chunks; the numbers are the values each cell holds (worker i's ` +
-        `input is a_i). Press "step ▶" to move one event at a time and watch chunk 0 travel right, each GPU adding its own value ` +
+        `input is a_i). Press "step ▶" to move one event at a time and watch chunk 0 travel around the ring, each GPU adding its own value ` +
         `to it. The drawing, the timeline below and "What happens now" all show the same transfers.` },
     { title: "2. Reduce-scatter done", set: ring4, follow: 0, at: () => roundEnd(S.data.workers - 2),
       text: () => `After ${S.data.workers - 1} steps every GPU holds the full sum of one chunk (a white frame): chunk 0's sum ` +
