@@ -13,11 +13,13 @@ With --export DIR it measures the static export instead (written to DIR by ``gra
 --export``, opened from file://, the simulator running in the page): N = 4, 8, 16, 32, 64, 24.
 
 Usage: python benchmarks/web_view.py [--screenshots docs/figures] [--export DIR]
-Targets: >= 30 frames per second at 64 workers; updates within 150 ms (median) at N = 64.
+Targets: >= 30 frames per second at 64 workers; updates within 100 ms (median) at N = 64 in the
+export. The load average is printed: the figures are upper bounds on a busy machine.
 """
 
 import argparse
 import json
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -29,8 +31,10 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-ALGORITHMS = ("central", "host", "sharded", "ring", "tree", "halving_doubling", "hierarchical", "cerar")
-SHOTS = {"central": "pcie-switch-4", "host": "pcie-switch-4", "sharded": "pcie-switch-4", "ring": "ring",
+from gradsync import algorithms
+
+ALGORITHMS = algorithms.names()
+SHOTS = {"central": "pcie-switch-4", "host": "pcie-switch-4", "sharded": "pcie-switch-4", "ring": "p3.16xlarge",
          "tree": "ring", "halving_doubling": "p3.16xlarge", "hierarchical": "lowbw-cluster", "cerar": "ring"}
 
 
@@ -100,15 +104,33 @@ def _screenshots(page, folder):
         _change(page, topology=topology)
         _change(page, algorithm=algorithm, workers=8 if topology in ("ring", "p3.16xlarge", "lowbw-cluster") else 4)
         _shot(page, folder / f"web-{algorithm}.png")
+    _change(page, topology="dgx-2")
+    _change(page, algorithm="ring", workers=16)
+    _shot(page, folder / "web-dgx-2.png", 0.3)
     _change(page, topology="ring")
     _change(page, algorithm="ring", workers=8)
     page.evaluate("window.gradsyncView.follow(3)")
     _shot(page, folder / "web-follow.png", 0.3)
     page.evaluate("window.gradsyncView.follow(null)")
+    page.fill("#fail-device", "5")
+    page.select_option("#fail-how", "stall")
+    page.click("#fail")
+    page.wait_for_function("window.gradsyncStats.failure && window.gradsyncStats.failure.detection === 'stall'")
+    _shot(page, folder / "web-stall.png", 0.5)
+    page.click("#heal")
+    page.wait_for_function("window.gradsyncStats.failure === null")
+    page.evaluate("window.gradsyncView.tour(5)")
+    page.wait_for_function("window.gradsyncStats.tour && window.gradsyncStats.compare")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(folder / "web-tour-side-by-side.png"))
+    page.click("#tour-end")
+    page.select_option("#beside", "")
+    _change(page, topology="ring")
+    _change(page, algorithm="tree", workers=15)
     for name, (w, h) in (("web-phone.png", (390, 844)), ("web-wide.png", (1920, 1080))):
         page.set_viewport_size({"width": w, "height": h})
-        page.wait_for_timeout(300)
-        _shot(page, folder / name)
+        page.wait_for_timeout(500)
+        _shot(page, folder / name, 0.4)
 
 
 def main():
@@ -122,6 +144,7 @@ def main():
     else:
         server, url = _server()
     counts = (4, 8, 16, 32, 64, 24) if args.export else (4, 8, 16, 32, 64, 17)
+    load_before = os.getloadavg()
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
@@ -151,6 +174,8 @@ def main():
     finally:
         if server is not None:
             server.terminate()
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; after: "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"first frame after load: {first_frame:.0f} ms after navigation ({first_wall:.0f} ms wall, cold server)")
     print(f"frames per second, 64 workers animating (ring), narration and timeline drawn: {fps:.1f}")
     print(f"  narration at the end of the measurement: {end[2]!r}")

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from gradsync.web.app import create_app
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
@@ -264,20 +262,6 @@ def server():
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run", "--disable-sync"])
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def page(browser, server):
     page = browser.new_page(viewport={"width": 1300, "height": 1250})
@@ -406,6 +390,16 @@ def test_cerar_designs_the_view_builds_are_bounded_and_refused_ones_are_marked(c
     assert not ok["refused"] and ok["error"] <= ok["limit"]
 
 
+def test_compare_follows_the_codec(client):
+    # on 100 Mbit/s links the wire is the time: fp16's curve is half of float32's, closed forms too
+    q = "/api/compare?size=16MB&topology=ethernet&bandwidth=100Mbit/s&algorithm=ring"
+    plain, half = _eventually(client.get, q).json(), _eventually(client.get, q + "&compression=fp16").json()
+    assert half["compression"] == "fp16" and plain["compression"] is None
+    for key in ("simulated_s", "closed_form_s"):
+        ratio = [h / p for h, p in zip(half["curves"]["ring"][key], plain["curves"]["ring"][key])]
+        assert all(0.45 < r < 0.55 for r in ratio), (key, ratio)
+
+
 def test_compare_follows_topology_links_and_cerar(client):
     base = _eventually(client.get, "/api/compare?size=16MB&topology=dgx-2&algorithm=ring").json()
     assert base["workers"][-1] == 16 and "dgx-2" in base["topology"]
@@ -428,17 +422,22 @@ def test_ring_narration_at_four_workers_matches_the_schedule(client):
     t, names = s.transfers, [d["topology"]["nodes"][p]["name"] for p in d["placement"]]
     chunk = len(d["cells"]) - 1
     assert chunk == 4 and len(d["narration"]) == s.rounds == 6
+    from gradsync import algorithms
+    from gradsync.web.lesson import narration
+    listed = narration(algorithms.get("ring"), s, d["cells"], names)   # with each round's transfers one by one
     for r, step in enumerate(d["narration"]):
+        assert step["text"] == listed[r]["text"] and "transfers" not in step
         phase, k = ("reduce-scatter", r + 1) if r < 3 else ("all-gather", r - 2)
         assert step["text"].startswith(f"{phase}, step {k} of 3: every worker i sends chunk ")
         assert ("adds it" in step["text"]) == (r < 3)
         sent = t[t["round"] == r]
         for src, dst, offset in zip(sent["src"], sent["dst"], sent["offset"]):
             c = int(np.searchsorted(d["cells"], offset, side="right") - 1)
-            assert f"{names[src]} -> {names[dst]}: chunk {c}" in step["transfers"]
-            # and the rule agrees: chunk i + shift from worker i to worker i + 1
+            assert f"{names[src]} -> {names[dst]}: chunk {c}" in listed[r]["transfers"]
+            # and the rule agrees: chunk i + shift from worker i to worker i + 1, the shift written
+            # in one window per phase (i + 1, i, i - 1, i - 2), so its sign never flips halfway
             shift = (c - src) % 4
-            said = {0: "chunk i ", 1: "chunk i + 1 ", 2: "chunk i + 2 ", 3: "chunk i - 1 "}[shift]
+            said = {0: "chunk i ", 1: "chunk i + 1 ", 2: "chunk i - 2 ", 3: "chunk i - 1 "}[shift]
             assert said in step["text"] and "to worker i + 1 (mod 4)" in step["text"]
 
 
@@ -628,7 +627,9 @@ def test_fixed_topologies_set_the_workers_field_and_the_chart_marks_the_animated
     page.wait_for_function("window.gradsyncStats.chart && Object.keys(window.gradsyncStats.chart.curves).length === "
                            "document.querySelector('#algorithm').options.length")
     assert "cerar" in page.evaluate("Object.keys(window.gradsyncStats.chart.curves)")
-    assert page.evaluate("window.gradsyncStats.chartMark") == {"algorithm": "ring", "workers": 4}
+    mark = page.evaluate("window.gradsyncStats.chartMark")
+    assert mark["algorithm"] == "ring" and mark["workers"] == 4
+    assert mark["time_s"] == float(page.get_attribute("#total-time", "data-time-s"))     # on the run's own curve
 
 
 def test_a_refused_cerar_design_is_shown_in_red(page):

@@ -1,27 +1,35 @@
 """A schedule told in words: one sentence per round, for people learning how it works.
 
-The sentences are derived from the transfers alone (who sends which chunk to whom, and
-whether the receiver adds or overwrites), so they are true of any registered algorithm. A
-round whose transfers follow a rule (every worker i sends chunk i - k to worker i + 1; all
-send to one; one sends to all; pairs i and i XOR d swap) is stated as that rule; otherwise
-the transfers are listed.
+Each sentence is derived from that round's transfers alone (who sends which chunk to whom,
+and whether the receiver adds, overwrites or folds it into a coded packet), so it is true of
+any schedule, whatever algorithm built it. Its clauses come from ``narrate_rules``, each used
+only when the transfers it claims are exactly the round's; a round with transfers of several
+kinds (a pipelined tree reduces and broadcasts at once) gets a clause per kind, and several
+rings running at once (channels) a clause per ring.
+
+Phases and steps: a phase is a run of rounds of one kind of transfer that move the whole
+buffer or parts of it, inside machines or across them (when ``machine_size`` is given); its
+name is the algorithm's own (``phases``) for the longest such run of each kind, and what the
+transfers do otherwise ("whole-buffer reduce", "reduce-scatter inside each machine", ...).
+
+A compact schedule (``core.compact``) is read round by round from its program and group,
+never expanded to its full table: ask for the ``rounds`` you want at cluster scale.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import narrate_rules as rules
 from .schedule import CODED, COPY, REDUCE, Schedule
 
-MAX_LISTED = 8            # transfers spelled out per round
-
-# what a receiver does, said of one receiver and one message, of several, and of a receiver in general
-_VERBS = {REDUCE: ("adds it to its own", "add them to their own", "adds what it receives to its own"),
-          COPY: ("stores it in place of its own", "store it in place of their own",
-                 "stores what it receives in place of its own"),
-          CODED: ("folds it into its next packet", "fold them into their next packets",
-                  "folds what it receives into its next packet")}
+MAX_DETAIL = 64           # transfers spelled out in a round's list
 _DEFAULT_PHASES = {REDUCE: "reduce", COPY: "gather", CODED: "coded exchange"}
+_WHOLE = {REDUCE: ("whole-buffer reduce", "reduce-scatter"), COPY: ("whole-buffer copy", "all-gather"),
+          CODED: ("coded exchange", "coded exchange")}
+_WHOLE_MAIN = {REDUCE: "reduce", COPY: "broadcast", CODED: "coded exchange"}
+RULES = (rules.single, rules.everyone, rules.coded, rules.gather, rules.scatter, rules.ring, rules.local_rings,
+         rules.rails, rules.xor, rules.tree, rules.pipeline)
 
 
 def chunk_of(cuts: np.ndarray, offset: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -36,134 +44,217 @@ def chunk_of(cuts: np.ndarray, offset: np.ndarray, count: np.ndarray) -> tuple[n
     return first, np.maximum(end, first + 1)
 
 
-def _chunks(first: int, end: int, total: int) -> str:
-    if first == 0 and end == total and total > 1:
-        return "the whole buffer"
-    return f"chunk {first}" if end - first == 1 else f"chunks {first}-{end - 1}"
+class _Rounds:
+    """A schedule's transfers round by round: slices of its table, or a compact schedule's
+    program rows of the round moved by every element of its group (never the whole table)."""
+
+    def __init__(self, schedule):
+        self.s = schedule
+        self.compact = hasattr(schedule, "program")
+        if self.compact:
+            p = schedule.program
+            self.starts = np.searchsorted(p["round"], np.arange(schedule.rounds + 1))
+        else:
+            self.starts = schedule.round_starts
+
+    def kinds(self, r: int, machine_size) -> dict:
+        """Per kind of transfer in round r: (whether every one moves the whole buffer, its
+        level); for a compact schedule without machines, from its program alone."""
+        if not self.compact or machine_size:
+            return _kinds(self.get(r), self.s.elements, self.s.workers, machine_size)
+        if not hasattr(self, "_whole"):              # per (round, op): present, every row whole
+            p, whole = self.s.program, (self.s.digits < 0).all(axis=1)
+            shape = (self.s.rounds, 3)
+            self._present = np.zeros(shape, bool)
+            self._present[p["round"], p["op"]] = True
+            self._whole = np.ones(shape, bool)
+            np.logical_and.at(self._whole, (p["round"], p["op"]), whole)
+        return {op: (bool(self._whole[r, op]), None) for op in (REDUCE, COPY, CODED) if self._present[r, op]}
+
+    def get(self, r: int) -> dict:
+        lo, hi = int(self.starts[r]), int(self.starts[r + 1])
+        if not self.compact:
+            t = self.s.transfers[lo:hi]
+            out = {k: t[k] for k in ("src", "dst", "offset", "count", "op")}
+            if "channel" in (t.dtype.names or ()):
+                out["channel"] = t["channel"]
+            return out
+        c = self.s
+        g = c.elements_of(c.shape)[None, :, :]
+        rows = c.program[lo:hi][:, None]
+        moved = c.rotate_digits(c.digits[lo:hi][:, None, :], g).reshape(-1, len(c.levels))
+        offset, count = c.segments(moved)
+        shape = (hi - lo, g.shape[1])
+        return {"src": c.rotate(rows["src"], g).ravel(), "dst": c.rotate(rows["dst"], g).ravel(),
+                "offset": offset, "count": count, "op": np.broadcast_to(rows["op"], shape).ravel()}
 
 
-def _names(nodes, names) -> str:
-    items = [names[i] for i in nodes]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _offset(k: int) -> str:
-    return "i" if k == 0 else f"i + {k}" if k > 0 else f"i - {-k}"
-
-
-def _rule(src, dst, first, end, op, workers, chunks, names) -> str | None:
-    """The round as one rule over its senders, or None when no rule fits."""
-    one, many, general = _VERBS[op]
-    if op == CODED:
-        if len(set(src.tolist())) == len(src) and np.all(dst == (src + 1) % workers):
-            return f"every worker i sends its coded packet to worker i + 1 (mod {workers}), which {one}"
+def _level(t: dict, sel: np.ndarray, workers: int, machine_size: int | None) -> str | None:
+    """Whether the selected transfers all stay inside a machine, all cross machines, or neither."""
+    if not machine_size:
         return None
-    if len(np.unique(dst)) == 1 and len(src) > 1:
-        same = np.all(first == first[0]) and np.all(end == end[0])
-        what = _chunks(int(first[0]), int(end[0]), chunks) if same else "its chunks"
-        return f"{_names(src, names)} each send {what} to {names[dst[0]]}, which {general}"
-    if len(np.unique(src)) == 1 and len(dst) > 1:
-        same = np.all(first == first[0]) and np.all(end == end[0])
-        what = _chunks(int(first[0]), int(end[0]), chunks) if same else "chunks"
-        return f"{names[src[0]]} sends {what} to {_names(dst, names)}, which {many}"
-    single = np.all(end - first == 1)
-    all_to_all = len(src) == workers * (workers - 1) and len(set(zip(src.tolist(), dst.tolist()))) == len(src)
-    if all_to_all and single and chunks == workers and np.all(first == dst):
-        return f"every worker sends chunk j to worker j, the chunk's owner, which {general}"
-    if all_to_all and single and chunks == workers and np.all(first == src):
-        return f"every worker j sends its finished chunk j to all the others, which {many}"
-    if all_to_all and np.all(first == 0) and np.all(end == chunks):
-        return f"every worker sends its whole buffer to every other worker, which {general}"
-    tree = _tree_rule(src, dst, first, end, chunks, names, one, many)
-    if tree is not None:
-        return tree
-    full_round = len(src) == workers and len(set(src.tolist())) == workers and dst.max() < workers
-    if not full_round:
+    src, dst = t["src"][sel], t["dst"][sel]
+    if (src >= workers).any() or (dst >= workers).any():
         return None
-    shift = (dst - src) % workers
-    if np.all(shift == shift[0]) and single and chunks == workers:
-        k = int((first[0] - src[0]) % workers)
-        k = k - workers if k > workers // 2 else k
-        if np.all((first - src) % workers == k % workers):
-            step = int(shift[0])
-            return (f"every worker i sends chunk {_offset(k)} to worker i + {step} (mod {workers}), "
-                    f"which {one}")
-    partner = src ^ dst
-    if np.all(partner == partner[0]) and (partner[0] & (partner[0] - 1)) == 0:
-        widths = end - first
-        what = ("the chunk it gives away" if widths[0] == 1 else f"the {widths[0]} chunks it gives away") \
-            if np.all(widths == widths[0]) else "the chunks it gives away"
-        return f"every worker i swaps with worker i XOR {partner[0]}: each sends {what}, and the partner {general}"
-    for size in range(2, workers):                        # a ring inside each group of consecutive workers
-        if workers % size == 0 and np.all(dst == src - src % size + (src % size + 1) % size):
-            return (f"inside each group of {size} consecutive workers, every worker sends one piece to the next "
-                    f"worker of its group (the last to the first), which {one}")
-    return None
+    inside = src // machine_size == dst // machine_size
+    return "inside" if inside.all() else "across" if not inside.any() else None
 
 
-def _tree_rule(src, dst, first, end, chunks, names, one, many) -> str | None:
-    """Up or down a binary tree laid out as a heap (worker i's parent is (i - 1) // 2)."""
-    same = np.all(first == first[0]) and np.all(end == end[0])
-    what = _chunks(int(first[0]), int(end[0]), chunks) if same else None
-    if len(set(src.tolist())) == len(src) and np.all(src > 0) and np.all(dst == (src - 1) // 2):
-        senders, whose, where = src, "parent", "worker i to worker (i - 1) // 2"
-        verb = one
-    elif len(set(dst.tolist())) == len(dst) and np.all(dst > 0) and np.all(src == (dst - 1) // 2):
-        senders, whose, where = np.unique(src), "children", "worker i to workers 2i + 1 and 2i + 2"
-        verb = many
-    else:
+def _kinds(t: dict, elements: int, workers: int, machine_size) -> dict:
+    """Per kind of transfer in a round: (whether every one moves the whole buffer, its level)."""
+    out = {}
+    for op in (REDUCE, COPY, CODED):
+        sel = t["op"] == op
+        if sel.any():
+            whole = bool(((t["offset"][sel] == 0) & (t["count"][sel] >= elements)).all())
+            out[op] = (whole, _level(t, sel, workers, machine_size))
+    return out
+
+
+def _phase_names(kinds: list[dict], phases: dict, machine_size, workers: int) -> dict:
+    """(round, op) -> (phase name, step, steps): runs of rounds with one key per kind of transfer."""
+    out = {}
+    for op in (REDUCE, COPY, CODED):
+        rounds = [r for r, k in enumerate(kinds) if op in k]
+        runs = []
+        for r in rounds:
+            if runs and kinds[runs[-1][-1]][op] == kinds[r][op]:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+        # the algorithm's own name goes to its longest run, of parts of the buffer before whole ones
+        main = max(runs, key=lambda run: (len(run), not kinds[run[0]][op][0])) if runs else None
+        for run in runs:
+            whole, level = kinds[run[0]][op]
+            if level is not None:
+                where = " inside each machine" if machine_size < workers else " inside the machine"
+                name = (_WHOLE_MAIN[op] if whole else _WHOLE[op][1]) + (where if level == "inside" else " across machines")
+            elif run is main:
+                name = phases[op]
+            else:
+                name = _WHOLE[op][0 if whole else 1]
+            for k, r in enumerate(run):
+                out[(r, op)] = (name, k + 1, len(run))
+    return out
+
+
+def _channels(g: rules.Group) -> list[rules.Group] | None:
+    """Several rings at once (channels), told one by one: every sender sends R > 1 transfers,
+    and cut by the chunks they move into R regions, each region's transfers are a permutation
+    of the senders (one ring each, as NCCL runs its channels on separate parts of the buffer)."""
+    senders = np.unique(g.src)
+    n = len(senders)
+    if len(g.src) % n or len(g.src) // n < 2 or (np.bincount(g.src)[senders] != len(g.src) // n).any():
         return None
-    if len(senders) == 1:
-        return f"{_names(senders, names)} sends {what or 'its piece'} to its {whose} in the tree ({where}), which {verb}"
-    return (f"{_names(senders, names)} each send {what or 'their piece'} to their {whose} in the tree ({where}), "
-            f"which {verb}")
+    order = np.argsort(g.first, kind="stable")
+    blocks = [order[k * n:(k + 1) * n] for k in range(len(g.src) // n)]
+    for a, b in zip(blocks, blocks[1:]):
+        if g.end[a].max() > g.first[b].min():
+            return None
+    parts = []
+    for block in blocks:
+        keep = np.zeros(len(g.src), bool)
+        keep[block] = True
+        part = g.part(keep)
+        if len(np.unique(part.src)) != n or len(np.unique(part.dst)) != n:
+            return None
+        parts.append(part)
+    return parts
 
 
-def narrate(schedule: Schedule, cuts, names=None, phases=None) -> list[dict]:
+def _by_span(g: rules.Group) -> list[str] | None:
+    """The transfers grouped by the chunks they move, each group told by a rule (a pipelined
+    tree sends several segments in one round); the rest listed. None if no group of two or
+    more fits a rule."""
+    keys = sorted(set(zip(g.first.tolist(), g.end.tolist())))
+    told, rest = [], np.zeros(len(g.src), bool)
+    for a, b in keys:
+        keep = (g.first == a) & (g.end == b)
+        part = g.part(keep)
+        text = None if keep.sum() < 2 else next(filter(None, (rule(part) for rule in (rules.gather, rules.scatter,
+                                                                                      rules.tree))), None)
+        if text is None:
+            rest |= keep
+        else:
+            told.append(text)
+    if not told:
+        return None
+    return told + ([rules.single(g.part(rest)) or rules.listing(g.part(rest))] if rest.any() else [])
+
+
+def tell(g: rules.Group) -> list[str]:
+    """The clauses that state a group of transfers (one kind, one round)."""
+    for rule in RULES:
+        text = rule(g)
+        if text:
+            return [text]
+    parts = _channels(g)
+    if parts:
+        out = []
+        for k, part in enumerate(parts):
+            text = next(filter(None, (rule(part) for rule in RULES)), None) or rules.listing(part)
+            out.append(f"ring {k + 1} of {len(parts)}: {text}")
+        return out
+    return _by_span(g) or [rules.listing(g)]
+
+
+def _detail(t: dict, first, end, chunks: int, names) -> str:
+    order = np.lexsort((first, t["dst"], t["src"]))
+    items = [f"{names[t['src'][i]]} -> {names[t['dst'][i]]}: " +
+             ("coded packet" if t["op"][i] == CODED else rules.span(int(first[i]), int(end[i]), chunks))
+             for i in order[:MAX_DETAIL]]
+    more = f", and {len(order) - MAX_DETAIL} more" if len(order) > MAX_DETAIL else ""
+    return "; ".join(items) + more
+
+
+def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_size, detail: bool) -> dict:
+    chunks = len(cuts) - 1
+    first, end = chunk_of(cuts, t["offset"], t["count"])
+    coded = t["op"] == CODED
+    first, end = np.where(coded, 0, first), np.where(coded, chunks, end)     # a coded packet mixes every chunk
+    heads, clauses = [], []
+    channel = t.get("channel")
+    for op in (REDUCE, COPY, CODED):
+        sel = t["op"] == op
+        if not sel.any():
+            continue
+        name, k, total = steps[(r, op)]
+        heads.append((name, f"{name}, step {k} of {total}"))
+        for c in (np.unique(channel[sel]) if channel is not None else [None]):
+            keep = sel if c is None else sel & (channel == c)
+            g = rules.Group(op, t["src"][keep], t["dst"][keep], first[keep], end[keep], workers, chunks, names,
+                            machine_size)
+            said = tell(g)
+            clauses += said if c is None else [f"on channel {c}: {x}" for x in said]
+    out = {"round": r, "phase": " + ".join(h[0] for h in heads),
+           "text": " and ".join(h[1] for h in heads) + ": " + "; ".join(clauses) + "."}
+    if detail:
+        out["transfers"] = _detail(t, first, end, chunks, names)
+    return out
+
+
+def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None, rounds=None,
+            detail: bool = True) -> list[dict]:
     """One entry per round: its phase, its step within that phase, and the sentence saying
     who sends which chunk to whom. ``cuts`` are the chunk boundaries (element offsets);
-    ``names`` name the schedule's nodes (default "worker i"); ``phases`` map REDUCE, COPY
-    and CODED to phase names (default reduce, gather, coded exchange).
+    ``names`` name the schedule's nodes (default "worker i", and the helpers' own names);
+    ``phases`` map REDUCE, COPY and CODED to phase names (default reduce, gather, coded
+    exchange); ``machine_size``: workers per machine (consecutive ranks), for algorithms that
+    work inside and across machines, whose phases are then named by level; ``rounds``: the
+    rounds to tell (default all); ``detail``: each entry's "transfers", the round's transfers
+    listed one by one (up to MAX_DETAIL).
 
     >>> from gradsync.algorithms import ring
     >>> s = ring.schedule(4, 8)
-    >>> narrate(s, [0, 2, 4, 6, 8])[0]["text"]
-    'reduce, step 1 of 3: every worker i sends chunk i to worker i + 1 (mod 4), which adds it to its own.'
-
-    A compact schedule (``core.compact``) is told from its expanded table.
+    >>> narrate(s, [0, 2, 4, 6, 8])[1]["text"]
+    'reduce, step 2 of 3: every worker i sends chunk i - 1 to worker i + 1 (mod 4), which adds it to its own.'
     """
-    if hasattr(schedule, "expand"):        # a compact schedule
-        schedule = schedule.expand()
     cuts = np.asarray(cuts, dtype=np.int64)
-    chunks = len(cuts) - 1
     phases = {**_DEFAULT_PHASES, **(phases or {})}
-    t = schedule.transfers
-    nodes = int(max(t["src"].max(initial=0), t["dst"].max(initial=0))) + 1 if len(t) else schedule.workers
-    names = list(names) if names is not None else [f"worker {i}" for i in range(max(nodes, schedule.workers))]
-    coded = t["op"] == CODED
-    first, end = chunk_of(cuts, t["offset"], t["count"])
-    order = np.argsort(t["round"], kind="stable")
-    rounds = np.unique(t["round"])
-    steps = {op: np.unique(t["round"][t["op"] == op]).tolist() for op in (REDUCE, COPY, CODED)}
-    out = []
-    for r in rounds.tolist():
-        idx = order[t["round"][order] == r]
-        parts, heads = [], []
-        for op in (REDUCE, COPY, CODED):
-            sel = idx[t["op"][idx] == op]
-            if not len(sel):
-                continue
-            k, total = steps[op].index(r) + 1, len(steps[op])
-            heads.append(f"{phases[op]}, step {k} of {total}")
-            src, dst = t["src"][sel], t["dst"][sel]
-            rule = _rule(src, dst, first[sel], end[sel], op, schedule.workers, chunks, names)
-            listed = [f"{names[s]} -> {names[d]}: " + ("coded packet" if coded[i] else _chunks(int(first[i]), int(end[i]), chunks))
-                      for i, s, d in zip(sel.tolist(), src.tolist(), dst.tolist())][:MAX_LISTED]
-            more = f", and {len(sel) - MAX_LISTED} more" if len(sel) > MAX_LISTED else ""
-            if rule is None:
-                rule = f"{len(sel)} transfer{'s' if len(sel) > 1 else ''}; each receiver {_VERBS[op][2]}"
-            parts.append({"op": op, "rule": rule, "transfers": "; ".join(listed) + more})
-        text = " and ".join(heads) + ": " + "; ".join(p["rule"] for p in parts) + "."
-        out.append({"round": r, "phase": " + ".join(h.split(",")[0] for h in heads), "text": text,
-                    "transfers": " | ".join(p["transfers"] for p in parts)})
-    return out
+    workers = schedule.workers
+    names = list(names) if names is not None else [f"worker {i}" for i in range(workers)] + list(schedule.helpers)
+    source = _Rounds(schedule)
+    kinds = [source.kinds(r, machine_size) for r in range(schedule.rounds)]
+    steps = _phase_names(kinds, phases, machine_size, workers)
+    wanted = range(schedule.rounds) if rounds is None else rounds
+    return [_sentence(source.get(r), r, cuts, names, steps, workers, machine_size, detail) for r in wanted if kinds[r]]

@@ -10,8 +10,8 @@ API (all JSON; errors are 4xx with {"detail": message}, never a 500):
   route: an index into ``routes``, each route's node indices once), the chunks, one sentence per round, the algorithm's explanation, time, busbw,
   CERAR's error and whether it would be refused, and the failure's outcome and recovery.
 - ``GET /api/schedule?algorithm=&workers=&elements=``: the schedule itself (gradsync.schedule/1).
-- ``GET /api/compare?size=&topology=&bandwidth=&latency=&components=&eps=&algorithm=``: time
-  against workers, simulated and closed form, for one algorithm or all.
+- ``GET /api/compare?size=&topology=&bandwidth=&latency=&components=&eps=&algorithm=&compression=``:
+  time against workers, simulated and closed form, for one algorithm or all, with the codec.
 
 Every request's work is bounded: workers, transfers, CERAR's components, and 1 s of computing
 (past it the answer is 202 {"pending": true, "detail"} with Retry-After, while the work
@@ -39,7 +39,9 @@ from .failures import MODES, detection_defaults, failure
 MAX_BODY_BYTES = 16 * 1024
 MAX_SIZE_BYTES = 4 * 10**9
 TOPOLOGIES = view.TOPOLOGIES
-STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {f.name: "text/css" if f.name.endswith(".css") else "text/javascript"         # the page's own files only
+          for f in resources.files("gradsync.web").joinpath("static").iterdir()
+          if f.name.endswith((".js", ".css")) and f.name not in ("model.js", "site.js")}
 
 
 class Failure(BaseModel):
@@ -199,6 +201,7 @@ def _serve_api(app: FastAPI) -> None:
     def compare(size: str = Query("160MB", max_length=40), topology: Literal[TOPOLOGIES] = "pcie-switch-4",
                 bandwidth: str | None = Query(None, max_length=40), latency: str | None = Query(None, max_length=40),
                 components: int | None = Query(None, ge=1, le=192), eps: float | None = Query(None, gt=0, lt=1),
-                algorithm: str | None = Query(None, max_length=40)):
+                algorithm: str | None = Query(None, max_length=40), compression: str | None = Query(None, max_length=60)):
         chosen = None if algorithm is None else (algorithms.get(algorithm).name,)
-        return _json(view.comparison(_size(size), topology, bandwidth or None, latency or None, components, eps, chosen))
+        return _json(view.comparison(_size(size), topology, bandwidth or None, latency or None, components, eps, chosen,
+                                     compression or None))

@@ -81,12 +81,20 @@ def _cluster(topo: Topology) -> dict[str, tuple[float, float]]:
         pos[f"{server}-nic"] = (mid, 0.42)
         pos[f"{server}-pcie"] = (mid, 0.6)
         gpus = [n.name for n in topo.nodes if n.name.startswith(server + "-gpu")]
-        pos.update(zip(gpus, _row(len(gpus), 0.85, x0 + 0.04, x1 - 0.04)))
+        pos.update(zip(gpus, _row(len(gpus), 0.8, x0 + 0.04, x1 - 0.04)))
     return pos
 
 
 LAYOUTS = {"ring": _ring, "pcie-switch-4": _star, "ethernet": _star, "p3.16xlarge": _cube_mesh,
            "dgx-2": _two_boards, "lowbw-cluster": _cluster}
+# drawings of boards and racks, which may stretch to fill a wide or tall canvas; the others (a
+# ring, a star) keep their aspect, so a circle stays a circle
+FILLS = ("p3.16xlarge", "dgx-2", "lowbw-cluster")
+
+
+def fills(preset: str) -> bool:
+    """Whether the preset's drawing may stretch to its canvas: ``fills("ring")`` is False."""
+    return preset in FILLS
 BENDS = {"p3.16xlarge": {("gpu0", "gpu4"): -0.28, ("gpu2", "gpu6"): 0.28}}   # arcs outwards, over the quads
 
 

@@ -46,9 +46,9 @@ def _label_values(d: int, labels, weights) -> np.ndarray:
     return out
 
 
-def _fit_labels(values: np.ndarray, weights) -> list:
-    """The label of each cut value at REF elements (the fewest parts that give it)."""
-    outer = _split(REF, weights)
+def _fit_labels(values: np.ndarray, weights, total: int = REF) -> list:
+    """The label of each cut value at ``total`` elements (the fewest parts that give it)."""
+    outer = _split(total, weights)
     labels = []
     for v in values.tolist():
         k = min(int(np.searchsorted(outer, v, side="right")) - 1, len(weights) - 1)
@@ -60,7 +60,7 @@ def _fit_labels(values: np.ndarray, weights) -> list:
                 found = [k, q, i]
                 break
         if found is None:
-            raise Unfit(f"cut {v} of {REF} is not i / Q of a part for Q <= {MAX_PARTS}")
+            raise Unfit(f"cut {v} of {total} is not i / Q of a part for Q <= {MAX_PARTS}")
         labels.append(found)
     return labels
 
@@ -83,7 +83,7 @@ def _cut_form(ref, weights) -> dict:
     if len(ref.compute):
         raise Unfit("local compute with cut labels")
     values = np.unique(np.concatenate([[0, ref.elements], t["offset"], t["offset"] + t["count"]]))
-    labels = _fit_labels(values, weights)
+    labels = _fit_labels(values, weights, ref.elements)
     return {"mode": "cuts", "labels": labels, "weights": list(map(float, weights)),
             "a": np.searchsorted(values, t["offset"]).tolist(),
             "b": np.searchsorted(values, t["offset"] + t["count"]).tolist()}
@@ -111,8 +111,8 @@ def counts_at(form: dict, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
     return np.asarray(form["a"]) * m, np.asarray(form["q"]) * m, np.asarray(form["compute"]["k"]) * m
 
 
-def _check(form: dict, rows: np.ndarray, build) -> None:
-    for d in CHECKED:
+def _check(form: dict, rows: np.ndarray, build, checked=CHECKED) -> None:
+    for d in checked:
         s = build(d)
         offset, count, madds = counts_at(form, d)
         kept = count > 0
@@ -124,23 +124,64 @@ def _check(form: dict, rows: np.ndarray, build) -> None:
             raise Unfit(f"the compute does not scale as ceil(d / c) at {d} elements")
 
 
-def schedule_data(build) -> dict:
+PACKED = ("src", "dst", "round", "op", "a", "b", "q", "carried", "channel")
+
+
+def pack(values: list) -> list | dict:
+    """An integer column as the shorter of itself and its runs of equal steps: ``{"runs": [first,
+    step, count, step, count, ...]}`` (schedules repeat a pattern per worker and per round, so
+    a column of thousands is a few dozen numbers); ``static/site.js`` unpacks it.
+
+    >>> pack([0, 1, 2, 3, 0, 1, 2, 3])
+    {'runs': [0, 1, 3, -3, 1, 1, 3]}
+    """
+    if len(values) < 3:
+        return list(values)
+    steps = np.diff(np.asarray(values, np.int64))
+    change = np.flatnonzero(np.diff(steps)) + 1
+    starts = np.concatenate([[0], change])
+    counts = np.diff(np.concatenate([starts, [len(steps)]]))
+    runs = [int(values[0])] + np.column_stack([steps[starts], counts]).ravel().tolist()
+    return {"runs": runs} if len(runs) < len(values) else list(values)
+
+
+def unpack(column) -> list:
+    """``pack``'s inverse: ``unpack(pack(x)) == x``."""
+    if isinstance(column, list):
+        return column
+    runs = column["runs"]
+    out = [runs[0]]
+    for step, count in zip(runs[1::2], runs[2::2]):
+        base = out[-1]
+        out.extend(base + step * (k + 1) for k in range(count))
+    return out
+
+
+def packed(data: dict) -> dict:
+    """A family's integer columns packed (``pack``), its compute's too."""
+    out = {k: pack(v) if k in PACKED and isinstance(v, list) else v for k, v in data.items()}
+    if isinstance(data.get("compute"), dict):
+        out["compute"] = {k: pack(v) for k, v in data["compute"].items()}
+    return out
+
+
+def schedule_data(build, ref_elements: int = REF, checked=CHECKED) -> dict:
     """One schedule family as data: ``build(d)`` gives the schedule for ``d`` elements.
     Its transfers (src, dst, round, op), their pieces as cut labels or multiples of
     ceil(d / c), and how many inputs each carries; checked at every size of ``CHECKED``."""
-    ref = build(REF)
+    ref = build(ref_elements)
     rows = _rows(ref.transfers)
     form = None
     for outer in _outer_splits(ref):
         try:
             form = _cut_form(ref, outer) if ref.codec is None else _ceil_form(ref)
-            _check(form, rows, build)
+            _check(form, rows, build, checked)
             break
         except Unfit:
             form = None
     if form is None:
         form = _ceil_form(ref)
-        _check(form, rows, build)
+        _check(form, rows, build, checked)
     src, dst, rnd, op = rows.tolist()
     return {**form, "src": src, "dst": dst, "round": rnd, "op": op, "rounds": ref.rounds,
             "nodes": ref.nodes, "workers": ref.workers, "helpers": list(ref.helpers),

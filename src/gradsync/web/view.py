@@ -18,7 +18,6 @@ import numpy as np
 from .. import algorithms, dtypes
 from ..model.cost import predict
 from ..errors import ConfigError
-from ..core.narrate import narrate
 from ..core.schedule import CODED, COPY, REDUCE, Schedule, carried_inputs, intervals
 from ..model.simulate import SimResult, simulate
 from ..model.topology import Link, Topology, preset
@@ -26,7 +25,8 @@ from ..model.topology.presets import pcie_switch
 from ..tools.report import bus_bandwidth
 from ..units import parse_bandwidth, parse_size, parse_time
 from .failures import failure
-from .layout import layout
+from .layout import fills, layout
+from .lesson import channels, closed_form, narration
 from .options import MAX_COMPONENTS_PER_WORKER, TREE_SEGMENTS, view_options  # noqa: F401 (the page's limits)
 
 MAX_TRANSFERS = 60_000        # keeps every request's work and response bounded
@@ -86,7 +86,8 @@ def _links(bandwidth, latency) -> tuple[float | None, float | None]:
     return bw, lat
 
 
-def _with_links(topo: Topology, bandwidth, latency) -> Topology:
+def with_links(topo: Topology, bandwidth, latency) -> Topology:
+    """``topo`` with every link at ``bandwidth`` and ``latency`` where given (the page's fields)."""
     if bandwidth is None and latency is None:
         return topo
     bw, lat = _links(bandwidth, latency)
@@ -106,7 +107,7 @@ def topology_for(name: str, workers: int, bandwidth=None, latency=None) -> Topol
     topo = preset(name, workers) if name not in FIXED else preset(name)
     if name in FIXED:
         topo = topo.with_workers(min(workers, len(topo.workers)))
-    return _with_links(topo, bandwidth, latency)
+    return with_links(topo, bandwidth, latency)
 
 
 def chunk_cuts(schedule) -> list[int]:
@@ -163,7 +164,7 @@ def _compressed(algorithm: str, topo: Topology, n: int, nbytes: int, compression
         rounds, offset = rounds + schedule.rounds, offset + schedule.elements
     # one collective stays as built (CERAR keeps its design, so the panel shows its error)
     combined = parts[0][0] if len(parts) == 1 else Schedule(f"{algorithm} x {len(parts)}", n, offset,
-                                                            np.concatenate(pieces))
+                                                            np.concatenate(pieces), helpers=parts[0][0].helpers)
     if len(combined.transfers) > MAX_TRANSFERS:
         raise ConfigError(f"this collective has {len(combined.transfers)} transfers; the view draws at most "
                           f"{MAX_TRANSFERS}: lower the size, the workers or the segments")
@@ -226,9 +227,8 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
     route, routes = _routes(topo, t, placed)
     drawing = _drawing(topology, topo, result)
     cuts = chunk_cuts(schedule)
-    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
-              if key in spec.phases}
     estimate = design_estimate(schedule, "float16" if itemsize == 2 else "float32")     # fp16 packets over CERAR
+    options = view_options(algorithm, topo, n, nbytes, components, eps)
     out = {
         "algorithm": algorithm, "summary": spec.summary, "explanation": " ".join(spec.explanation.split()),
         "topology": drawing,
@@ -238,12 +238,14 @@ def simulate_now(algorithm: str, topology: str, workers: int, size, bandwidth=No
         "busbw_GBps": bus_bandwidth(nbytes, result.time, n) / 1e9,
         "error": estimate["error"] if estimate else None, "estimate": estimate,
         "placement": result.placement.tolist(), "cells": cuts,
-        "narration": narrate(schedule, cuts, [placed[i] for i in range(len(placed))], phases),
+        # the sentences; each round's list of transfers the page writes from the transfers themselves
+        "narration": narration(spec, schedule, cuts, placed, detail=False),
         "transfers": {"src": t["src"].tolist(), "dst": t["dst"].tolist(), "round": t["round"].tolist(),
                       "op": t["op"].tolist(), "offset": t["offset"].tolist(), "count": t["count"].tolist(),
                       "carried": carried_inputs(schedule).tolist(), "start": result.start.tolist(),
-                      "done": result.done.tolist(), "route": route.tolist()},
+                      "done": result.done.tolist(), "route": route.tolist(), "channel": channels(schedule)},
         "routes": routes,
+        "closed_form": closed_form(spec, topo, n, nbytes, itemsize, options) if compression in (None, "fp16", "bf16") else None,
         "failure": None,
         "compression": None if label is None else {
             "codec": label, "itemsize": itemsize, "collectives": schedule.algorithm,
@@ -284,7 +286,7 @@ def _drawing(preset_name: str, topo: Topology, result: SimResult) -> dict:
             for k, l in enumerate(topo.links)]
     return {
         "name": topo.name, "preset": preset_name, "description": topo.description,
-        "fixed_workers": fixed_workers(preset_name),
+        "fixed_workers": fixed_workers(preset_name), "fill": fills(preset_name),
         "nodes": [{"name": nd.name, "kind": nd.kind, "x": x, "y": y} for nd, (x, y) in zip(topo.nodes, pos)],
         "links": [{"a": topo.index[l.a], "b": topo.index[l.b], "bandwidth": l.bandwidth, "latency": l.latency,
                    "bytes": float(result.channel_bytes[2 * k] + result.channel_bytes[2 * k + 1]),
@@ -305,7 +307,7 @@ def _recovery(algorithm, topology, n, nbytes, bandwidth, latency, components, ep
 
 
 def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, latency=None, components=None,
-               eps=None, algorithms_: tuple | None = None) -> dict:
+               eps=None, algorithms_: tuple | None = None, compression=None) -> dict:
     """Time against workers per algorithm on the view's topology: simulated and closed form.
     ``pcie-switch-4`` grows to N GPUs on one switch (D2L's server, with its figures marked);
     other fixed presets count 2 up to their own workers; ``ring`` and ``ethernet`` go to 64.
@@ -318,7 +320,7 @@ def comparison(size: int, topology: str = "pcie-switch-4", bandwidth=None, laten
     if algorithms_ is None:
         algorithms_ = tuple(a for a in algorithms.names() if algorithms.get(a).accepts("float32"))
     _links(bandwidth, latency)       # bad values are refused before any work
-    args = (size, topology, bandwidth, latency, components, eps, tuple(algorithms_))
+    args = (size, topology, bandwidth, latency, components, eps, tuple(algorithms_), compression)
     return CHARTS.run(("comparing",) + args, compare_now, *args)
 
 
@@ -330,23 +332,28 @@ def _compare_workers(topology: str) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=32)
-def compare_now(size: int, topology: str, bandwidth, latency, components, eps, algorithms_: tuple) -> dict:
-    """``comparison``, computed now (no budget): for the background worker and the export."""
+def compare_now(size: int, topology: str, bandwidth, latency, components, eps, algorithms_: tuple,
+                compression=None) -> dict:
+    """``comparison``, computed now (no budget): for the background worker and the export.
+    With ``compression``, every curve is the codec's collectives (the closed form only for
+    fp16 and bf16: the algorithm's own at 2 bytes per element)."""
     workers = _compare_workers(topology)
     curves = {}
     for name in algorithms_:
         sim, closed = [], []
         for n in workers:
             topo = pcie_switch(n) if topology == "pcie-switch-4" else topology_for(topology, n)
-            topo = _with_links(topo, bandwidth, latency)
+            topo = with_links(topo, bandwidth, latency)
             try:
-                schedule = _build(name, topo, n, size, components, eps)
-                sim.append(simulate(schedule, topo).time)
+                schedule, itemsize, _ = schedule_for(name, topo, n, size, compression, components, eps)
+                sim.append(simulate(schedule, topo, itemsize).time)
             except ConfigError:
                 sim.append(None)
+            half = compression in ("fp16", "bf16")
             try:
                 options = {k: v for k, v in view_options(name, topo, n, size, components, eps).items() if k != "max_error"}
-                closed.append(predict(name, topo, n, size, **options))
+                closed.append(None if compression and not half else
+                              predict(name, topo, n, size // 2 if half else size, itemsize=2 if half else 4, **options))
             except ConfigError:
                 closed.append(None)
         curves[name] = {"simulated_s": sim, "closed_form_s": closed, "exact": algorithms.get(name).exact}
@@ -354,7 +361,8 @@ def compare_now(size: int, topology: str, bandwidth, latency, components, eps, a
     marks = [{"algorithm": a, "workers": 4, "time_s": v} for a, v in BOOK_FIGURES.items()] if seed else []
     where = ("pcie-switch-N: N GPUs and the CPU on links to one switch" if topology == "pcie-switch-4"
              else f"{topology}, 2 to {workers[-1]} workers")
-    return {"workers": list(workers), "bytes": size, "curves": curves, "book_marks": marks, "topology": where}
+    return {"workers": list(workers), "bytes": size, "curves": curves, "book_marks": marks if not compression else [],
+            "topology": where, "compression": compression}
 
 
 def warm_up() -> None:
@@ -363,7 +371,7 @@ def warm_up() -> None:
     simulation("ring", "ring", 8, 160_000_000)
     names = [a for a in algorithms.names() if algorithms.get(a).accepts("float32")]
     for name in names:
-        compare_now(160_000_000, "pcie-switch-4", None, None, None, None, (name,))
+        compare_now(160_000_000, "pcie-switch-4", None, None, None, None, (name,), None)
     for workers in (16, 32, 64):
         for name in names:
             try:

@@ -44,7 +44,10 @@ const gradsyncModel = (() => {
   function pieces(s, d) {
     const n = s.src.length, offset = new Float64Array(n), count = new Float64Array(n);
     let madds = null;
-    if (s.mode === "cuts") {
+    if (s.mode === "given") {                                      // composed in the page: pieces already laid out
+      for (let j = 0; j < n; j++) { offset[j] = s.offset[j]; count[j] = s.count[j]; }
+      madds = s.madds;
+    } else if (s.mode === "cuts") {
       const outer = chunkBounds(d, s.weights);
       const v = s.labels.map(([k, q, i]) => { const lo = outer[k], hi = outer[k + 1]; return lo + Math.floor((i / q) * (hi - lo) + 1e-9); });
       for (let j = 0; j < n; j++) { offset[j] = v[s.a[j]]; count[j] = v[s.b[j]] - v[s.a[j]]; }

@@ -1,0 +1,391 @@
+"""How one group of a round's transfers (one kind: reduce, copy or coded) is told in words.
+
+Each rule proposes a clause and the exact transfers the clause claims (sender, receiver, and
+the chunks [first, end) moved); the clause is used only when that set equals the group's
+transfers, so nothing is said that the schedule does not do. What no rule states is listed.
+
+The clauses, with i a worker's index, p its position on a listed ring, l its rank inside a
+machine of L consecutive workers and m its machine:
+
+- ``A sends S to B, which ...`` (one transfer); ``A, B and C each send S to D`` (gather);
+  ``A sends S to B, C and D`` (scatter); ``every worker`` and ``every worker but A`` name
+  groups, and ``A to B`` a run of consecutive workers;
+- ``every worker sends its whole buffer to every other worker``;
+- ``every worker sends chunk j to worker j, for every j but its own`` (to the chunk's owner),
+  and ``every worker j sends chunk j to every other worker`` (from it);
+- ``... to their parent in the tree (worker i to worker (i - 1) // 2)`` and ``... to their
+  children in the tree (worker i to workers 2i + 1 and 2i + 2, those that exist)``;
+- ``every worker i sends chunk i - 2 to worker i + 1 (mod 8)``; ``around the ring A -> B ->
+  C -> A, the worker at position p sends ...``; ``inside each machine of L workers, the worker
+  at local rank l sends ... to local rank l + 1 (mod L)``; ``across machines, the worker at
+  local rank l of machine m sends ... to local rank l of machine m + 1 (mod M)``;
+- ``every worker i swaps with worker i XOR 4: each sends 2 chunks (listed below)``;
+- ``every worker i sends its coded packet to worker i + 1 (mod N)``.
+
+A piece of the buffer is ``chunk E`` (E an expression of i, p or l, modulo the ring's
+length), ``part E of P`` (the buffer cut in P equal parts of several chunks), ``chunk E (mod
+P) of chunks a-b`` or ``part E (mod P) of chunks a-b cut in P`` (counted from chunk a: a ring
+that carries only a region, as each of several rings does), and ``piece E2 of part E1 (the
+buffer in P1 parts of P2 pieces)`` on the rails across machines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .schedule import CODED, COPY, REDUCE
+
+LISTED = 12          # transfers spelled out in a sentence; the rest are in the round's list
+
+# what a receiver does: said of one receiver and one message, of several, and in general
+VERBS = {REDUCE: ("adds it to its own", "add it to their own", "adds what it receives to its own"),
+         COPY: ("stores it in place of its own", "store it in place of their own",
+                "stores what it receives in place of its own"),
+         CODED: ("folds it into its next packet", "fold it into their next packets",
+                 "folds what it receives into its next packet")}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The transfers of one kind in one round: their ends and the chunks [first, end) each
+    touches, the schedule's workers, the chunks the buffer is drawn in and the nodes' names."""
+
+    op: int
+    src: np.ndarray
+    dst: np.ndarray
+    first: np.ndarray
+    end: np.ndarray
+    workers: int
+    chunks: int
+    names: list
+    machine: int | None = None      # workers per machine (consecutive ranks), if known
+
+    def rows(self) -> list[tuple]:
+        """(src, dst, first, end) of each transfer, sorted; computed once (every rule compares its claims with it)."""
+        if "_rows" not in self.__dict__:
+            object.__setattr__(self, "_rows", sorted(zip(self.src.tolist(), self.dst.tolist(), self.first.tolist(),
+                                                         self.end.tolist())))
+        return self.__dict__["_rows"]
+
+    def part(self, keep: np.ndarray) -> "Group":
+        return Group(self.op, self.src[keep], self.dst[keep], self.first[keep], self.end[keep], self.workers,
+                     self.chunks, self.names, self.machine)
+
+
+def span(first: int, end: int, chunks: int) -> str:
+    """``span(0, 4, 4)`` is 'the whole buffer'; ``span(2, 3, 4)`` 'chunk 2'; ``span(1, 3, 4)`` 'chunks 1-2'."""
+    if first == 0 and end == chunks:
+        return "the whole buffer"
+    return f"chunk {first}" if end - first == 1 else f"chunks {first}-{end - 1}"
+
+
+def who(nodes, names, workers: int) -> str:
+    """A set of nodes in words: ``every worker``, ``every worker but A``, or names with runs of
+    five or more consecutive nodes written ``A to B``.
+
+    >>> who([0, 1, 2, 3, 4, 6], [f"w{i}" for i in range(8)], 8)
+    'w0 to w4 and w6'
+    """
+    nodes = sorted(set(int(x) for x in nodes))
+    if nodes == list(range(workers)):
+        return "every worker"
+    if len(nodes) == workers - 1 and workers > 2 and nodes[-1] < workers:
+        missing = (set(range(workers)) - set(nodes)).pop()
+        return f"every worker but {names[missing]}"
+    runs, start = [], 0
+    for k in range(1, len(nodes) + 1):
+        if k == len(nodes) or nodes[k] != nodes[k - 1] + 1:
+            run = nodes[start:k]
+            runs += [f"{names[run[0]]} to {names[run[-1]]}"] if len(run) >= 5 else [names[x] for x in run]
+            start = k
+    return runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
+
+
+def plural(nodes) -> bool:
+    return len(set(int(x) for x in nodes)) > 1
+
+
+def offset_text(var: str, k: int) -> str:
+    return var if k == 0 else f"{var} + {k}" if k > 0 else f"{var} - {-k}"
+
+
+def shift_offset(o: int, period: int, step: int) -> int:
+    """``o`` (mod ``period``) in one fixed window per direction of travel, so a phase's offsets
+    run i, i - 1, i - 2, ... without changing sign halfway: [2 - P, 1] going up, [-1, P - 2] down."""
+    low = 2 - period if step > 0 else -1
+    return (o - low) % period + low
+
+
+def checked(group: Group, claims, text: str) -> str | None:
+    """``text`` if the transfers it claims are exactly the group's, else None."""
+    return text if len(claims) == len(group.src) and sorted(claims) == group.rows() else None
+
+
+def _same_span(g: Group) -> tuple[int, int] | None:
+    if len(g.first) and (g.first == g.first[0]).all() and (g.end == g.end[0]).all():
+        return int(g.first[0]), int(g.end[0])
+    return None
+
+
+def single(g: Group) -> str | None:
+    if len(g.src) != 1:
+        return None
+    s, d, a, b = g.rows()[0]
+    return f"{g.names[s]} sends {span(a, b, g.chunks)} to {g.names[d]}, which {VERBS[g.op][0]}"
+
+
+def gather(g: Group) -> str | None:
+    same = _same_span(g)
+    if same is None or len(np.unique(g.dst)) != 1 or len(g.src) < 2:
+        return None
+    d, senders = int(g.dst[0]), who(g.src, g.names, g.workers)
+    verb = "sends" if senders.startswith("every worker") else "each send"
+    text = f"{senders} {verb} {span(*same, g.chunks)} to {g.names[d]}, which {VERBS[g.op][2]}"
+    return checked(g, [(int(s), d) + same for s in g.src], text)
+
+
+def scatter(g: Group) -> str | None:
+    same = _same_span(g)
+    if same is None or len(np.unique(g.src)) != 1 or len(g.dst) < 2:
+        return None
+    s = int(g.src[0])
+    text = f"{g.names[s]} sends {span(*same, g.chunks)} to {who(g.dst, g.names, g.workers)}, which {VERBS[g.op][1]}"
+    return checked(g, [(s, int(d)) + same for d in g.dst], text)
+
+
+def everyone(g: Group) -> str | None:
+    """All to all: the whole buffer, or each chunk to or from its owner (chunk j, worker j)."""
+    n, k = g.workers, g.chunks
+    if len(g.src) != n * (n - 1) or g.op == CODED:
+        return None
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    verb = VERBS[g.op]
+    found = checked(g, [(i, j, 0, k) for i, j in pairs],
+                    f"every worker sends its whole buffer to every other worker, which {verb[2]}")
+    if found or k % n:
+        return found
+    w = k // n
+    piece = "chunk j" if w == 1 else f"part j of {n}"
+    return checked(g, [(i, j, j * w, j * w + w) for i, j in pairs],
+                   f"every worker sends {piece} to worker j, for every j but its own, and worker j {verb[2]}") or \
+        checked(g, [(j, i, j * w, j * w + w) for i, j in pairs],
+                f"every worker j sends {piece} to every other worker, which {verb[0]}")
+
+
+def tree(g: Group) -> str | None:
+    """Up or down a binary tree laid out as a heap (worker i's parent is (i - 1) // 2)."""
+    same = _same_span(g)
+    if same is None or g.op == CODED or (g.src >= g.workers).any() or (g.dst >= g.workers).any():
+        return None
+    what, verb = span(*same, g.chunks), VERBS[g.op]
+    senders = sorted(set(g.src.tolist()))
+    many = plural(senders)
+    up = [(s, (s - 1) // 2) + same for s in senders if s > 0]
+    text = (f"{who(senders, g.names, g.workers)} {'each send' if many else 'sends'} {what} to "
+            f"{'their' if many else 'its'} parent in the tree (worker i to worker (i - 1) // 2), which {verb[0]}")
+    if len(up) == len(senders) and checked(g, up, text):
+        return text
+    down = [(s, c) + same for s in senders for c in (2 * s + 1, 2 * s + 2) if c < g.workers]
+    text = (f"{who(senders, g.names, g.workers)} {'each send' if many else 'sends'} {what} to "
+            f"{'their' if many else 'its'} children in the tree (worker i to workers 2i + 1 and 2i + 2, "
+            f"those that exist), which {verb[1]}")
+    return checked(g, down, text)
+
+
+def pipeline(g: Group) -> str | None:
+    """Up or down the heap-ordered tree with a different piece per sender (a pipelined tree
+    moves several segments at once): one clause, then which chunks come from whom."""
+    if g.op == CODED or (g.src >= g.workers).any() or (g.dst >= g.workers).any():
+        return None
+    spans = {}
+    for s, a, b in zip(g.src.tolist(), g.first.tolist(), g.end.tolist()):
+        spans.setdefault(s, set()).add((a, b))
+    if any(len(v) != 1 for v in spans.values()) or len({next(iter(v)) for v in spans.values()}) < 2:
+        return None
+    senders = sorted(spans)
+    by_span = {}
+    for s in senders:
+        by_span.setdefault(next(iter(spans[s])), []).append(s)
+    pieces = ", ".join(f"{span(a, b, g.chunks)} from {who(ss, g.names, g.workers)}" for (a, b), ss in sorted(by_span.items()))
+    everyone, verb = who(senders, g.names, g.workers), VERBS[g.op]
+    one = everyone.startswith("every worker")
+    sends, their = ("sends", "its") if one else ("each send", "their")
+    up = [(s, (s - 1) // 2) + next(iter(spans[s])) for s in senders if s > 0]
+    text = (f"{everyone} {sends} to {their} parent in the tree (worker i to worker (i - 1) // 2), which {verb[0]}: {pieces}")
+    if len(up) == len(senders) and checked(g, up, text):
+        return text
+    down = [(s, c) + next(iter(spans[s])) for s in senders for c in (2 * s + 1, 2 * s + 2) if c < g.workers]
+    return checked(g, down, f"{everyone} {sends} to {their} children in the tree (worker i to workers 2i + 1 and 2i + 2, "
+                            f"those that exist), which {verb[1]}: {pieces}")
+
+
+def xor(g: Group) -> str | None:
+    """Pairs that differ in one bit swap pieces of one width (recursive halving, doubling)."""
+    n = g.workers
+    if len(g.src) != n or sorted(g.src.tolist()) != list(range(n)) or g.op == CODED:
+        return None
+    d = int(g.src[0] ^ g.dst[0])
+    widths = set((g.end - g.first).tolist())
+    if d <= 0 or d & (d - 1) or len(widths) != 1 or ((g.src ^ g.dst) != d).any():
+        return None
+    w = widths.pop()
+    what = "the whole buffer" if w == g.chunks else f"{w} chunk{'s' if w > 1 else ''} (listed below)"
+    return f"every worker i swaps with worker i XOR {d}: each sends {what}, and the partner {VERBS[g.op][2]}"
+
+
+def coded(g: Group) -> str | None:
+    n = g.workers
+    if g.op != CODED:
+        return None
+    return checked(g, [(i, (i + 1) % n, 0, g.chunks) for i in range(n)],
+                   f"every worker i sends its coded packet to worker i + 1 (mod {n}), which {VERBS[CODED][0]}")
+
+
+def listing(g: Group) -> str:
+    """The transfers one by one (the first LISTED; the rest are in the round's list)."""
+    rows = g.rows()
+    items = [f"{g.names[s]} sends {span(a, b, g.chunks)} to {g.names[d]}" for s, d, a, b in rows[:LISTED]]
+    more = f", and {len(rows) - LISTED} more (listed below)" if len(rows) > LISTED else ""
+    return f"{len(rows)} transfers: " + ", ".join(items) + more + f", each receiver {VERBS[g.op][2]}"
+
+
+# ---- rings: the transfers are a permutation of the workers, in one or more cycles ------------
+
+def cycles(g: Group) -> list[list[int]] | None:
+    """The cycles of sender -> receiver, each from its lowest worker; None unless every
+    sender sends once and receives once."""
+    src, dst = g.src.tolist(), g.dst.tolist()
+    if len(set(src)) != len(src) or set(src) != set(dst) or max(src) >= g.workers:
+        return None
+    after, out, seen = dict(zip(src, dst)), [], set()
+    for s in sorted(after):
+        if s not in seen:
+            ring, x = [s], after[s]
+            while x != s:
+                ring.append(x)
+                x = after[x]
+            seen.update(ring)
+            out.append(ring)
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The piece a sender moves: (variable + offset) mod period, in a region of the buffer
+    that starts at chunk ``start`` and is cut in ``period`` parts of ``width`` chunks."""
+
+    start: int
+    width: int
+    period: int
+    offset: int
+
+    def words(self, var: str, chunks: int) -> str:
+        e = offset_text(var, self.offset)
+        if self.start == 0 and self.period * self.width == chunks:
+            return f"chunk {e}" if self.width == 1 else f"part {e} of {self.period}"
+        region = f"chunks {self.start}-{self.start + self.period * self.width - 1}"
+        if self.width == 1:
+            return f"chunk {e} (mod {self.period}) of {region}"
+        return f"part {e} (mod {self.period}) of {region} cut in {self.period}"
+
+    def cells(self, value: int) -> tuple[int, int]:
+        a = self.start + (value + self.offset) % self.period * self.width
+        return a, a + self.width
+
+
+def piece(g: Group, value: np.ndarray, period: int, step: int) -> Piece | None:
+    """The piece as a function of each sender's ``value`` (its index, position or rank)."""
+    widths = set((g.end - g.first).tolist())
+    if len(widths) != 1:
+        return None
+    w, a = widths.pop(), int(g.first.min())
+    idx, rest = np.divmod(g.first - a, w)
+    if rest.any() or (idx >= period).any() or a + period * w > g.chunks:
+        return None
+    o = set(((idx - value) % period).tolist())
+    return Piece(a, w, period, shift_offset(o.pop(), period, step)) if len(o) == 1 else None
+
+
+def _signed(s: int, n: int) -> int:
+    return s - n if s > n // 2 else s
+
+
+def ring(g: Group) -> str | None:
+    """One cycle through every worker: in order (i to i + s) or around a listed ring."""
+    found, n, one = cycles(g), g.workers, VERBS[g.op][0]
+    if found is None or len(found) != 1 or len(found[0]) != n or g.op == CODED:
+        return None
+    steps = set(((g.dst - g.src) % n).tolist())
+    if len(steps) == 1:
+        s = _signed(steps.pop(), n)
+        p = piece(g, g.src, n, 1 if s > 0 else -1)
+        if p is not None:
+            text = f"every worker i sends {p.words('i', g.chunks)} to worker {offset_text('i', s)} (mod {n}), which {one}"
+            return checked(g, [(i, (i + s) % n) + p.cells(i) for i in range(n)], text)
+    order = found[0]
+    position = {x: k for k, x in enumerate(order)}
+    p = piece(g, np.array([position[x] for x in g.src.tolist()]), n, 1)
+    if p is None:
+        return None
+    path = " -> ".join(g.names[x] for x in order + order[:1])
+    text = f"around the ring {path}, the worker at position p sends {p.words('p', g.chunks)} to the next, which {one}"
+    return checked(g, [(x, order[(k + 1) % n]) + p.cells(k) for k, x in enumerate(order)], text)
+
+
+def _groups(g: Group, size: int) -> str:
+    return f"machine of {size} workers" if g.machine == size else f"group of {size} consecutive workers"
+
+
+def local_rings(g: Group) -> str | None:
+    """A ring inside each group of L consecutive workers (a machine), all at once."""
+    found, n = cycles(g), g.workers
+    if found is None or len(found) < 2 or g.op == CODED:
+        return None
+    size = len(found[0])
+    if n % size or len(found) != n // size or any(sorted(c) != list(range(c[0], c[0] + size)) for c in found):
+        return None
+    steps = set(((g.dst % size - g.src % size) % size).tolist())
+    if len(steps) != 1:
+        return None
+    s = _signed(steps.pop(), size)
+    p = piece(g, g.src % size, size, 1 if s > 0 else -1)
+    if p is None:
+        return None
+    text = (f"inside each {_groups(g, size)}, the worker at local rank l sends {p.words('l', g.chunks)} to local rank "
+            f"{offset_text('l', s)} (mod {size}) of its {'machine' if g.machine == size else 'group'}, which {VERBS[g.op][0]}")
+    claims = [(i, i - i % size + (i % size + s) % size) + p.cells(i % size) for i in range(n)]
+    return checked(g, claims, text)
+
+
+def rails(g: Group) -> str | None:
+    """Across groups of L consecutive workers (machines): worker l of group m sends to worker l
+    of group m + s, all rails at once; the piece depends on the rail (l) and the group (m)."""
+    found, n = cycles(g), g.workers
+    if found is None or len(found) < 2 or g.op == CODED:
+        return None
+    machines = len(found[0])
+    size = n // machines
+    if n % machines or len(found) != size or any(c != [c[0] + k * size for k in range(machines)]
+                                                  for c in (sorted(c) for c in found)):
+        return None
+    steps = set(((g.dst // size - g.src // size) % machines).tolist())
+    cells = g.chunks // (size * machines)
+    if len(steps) != 1 or (g.end - g.first != cells).any() or cells * size * machines != g.chunks:
+        return None
+    s = _signed(steps.pop(), machines)
+    part, pc = np.divmod(g.first // cells, machines)
+    o1, o2 = set(((part - g.src % size) % size).tolist()), set(((pc - g.src // size) % machines).tolist())
+    if len(o1) != 1 or len(o2) != 1:
+        return None
+    o1, o2 = shift_offset(o1.pop(), size, 1), shift_offset(o2.pop(), machines, 1 if s > 0 else -1)
+    kind = "machine" if g.machine == size else "group"
+    text = (f"across {kind}s, the worker at local rank l of {kind} m sends piece {offset_text('m', o2)} of part "
+            f"{offset_text('l', o1)} (the buffer in {size} parts of {machines} pieces) to local rank l of {kind} "
+            f"{offset_text('m', s)} (mod {machines}), which {VERBS[g.op][0]}")
+    claims = []
+    for i in range(n):
+        a = (((i % size + o1) % size) * machines + (i // size + o2) % machines) * cells
+        claims.append((i, (i + s * size) % n, a, a + cells))
+    return checked(g, claims, text)
