@@ -95,12 +95,13 @@ def _run_scalar(system, progress=None):
     step_src, step_dst = system.step_src.tolist(), system.step_dst.tolist()
     step_node, work_time = system.step_node.tolist(), system.work_time.tolist()
     n_fl = len(flows.nbytes)
-    need, times = [2] * n_fl, np.full((3, n_fl), np.nan)
+    need, times = [1 if system.eager else 2] * n_fl, np.full((3, n_fl), np.nan)
     start, sent, done = ([math.nan] * n_fl for _ in range(3))
     node_done, busy = [0.0] * system.nodes, [0.0] * len(flows.capacity)
     first, first_at = _first_steps(system)
     pending = dict(zip(first.tolist(), first_at.tolist()))
-    state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0}
+    state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0,
+             "posted": [False] * len(step_node) if system.eager else None}
     loop = (flows, need, start, sent, done, busy, pending, state)
     steps = (is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done)
     while state["remaining"] or state["flying"] or pending:
@@ -128,29 +129,39 @@ def _event(loop, steps):
             remaining[f] = r - rate[f] * dt
     now = state["now"] = nxt
     soon, nbytes, changed = now * (1 + 1e-12), flows.nbytes, False
+    posted = state["posted"]
+
+    def complete(s):                                # one flow fewer for step s; done when none is left
+        left[s] -= 1
+        if left[s] == 0 and (posted is None or posted[s]):
+            _advance(s, now, pending, is_last, step_node, work_time, node_done)
     for f in [f for f, d in drain_at.items() if d <= soon or remaining[f] <= _TOL * nbytes[f]]:
         sent[f] = now                               # 1. the last byte left: the latency starts
         flying[f] = now + flows.latency[f]
         del remaining[f]
         changed = True
+        if posted is not None:                      # posted sends: the sender's part is done
+            complete(step_src[f])
     soon = now * (1 + 1e-15) + 1e-18
     arrived = [f for f, at in flying.items() if at <= soon]
     for f in arrived:                               # 2. delivered flows complete their steps
         del flying[f]
         done[f] = now
-        for s in (step_src[f], step_dst[f]):
-            left[s] -= 1
-            if left[s] == 0:
-                _advance(s, now, pending, is_last, step_node, work_time, node_done)
+        for s in ((step_dst[f],) if posted is not None else (step_src[f], step_dst[f])):
+            complete(s)
     state["delivered"] += len(arrived)
     ready = [s for s, at in pending.items() if at <= soon]
     for s in ready:
         del pending[s]
+        if posted is not None:
+            posted[s] = True
     for s in ready:
         if left[s] == 0:                            # compute-only steps
             _advance(s, now, pending, is_last, step_node, work_time, node_done)
     for s in ready:                                 # 3. ready steps post; flows with both ends start
         for f in by_step[by_step_start[s]:by_step_start[s + 1]]:
+            if posted is not None and step_src[f] != s:
+                continue                            # posted sends: the sender alone starts a flow
             need[f] -= 1
             if need[f] == 0:
                 start[f] = now
@@ -164,6 +175,6 @@ def _advance(s, now, pending, is_last, step_node, work_time, node_done):
     """Step ``s`` done at ``now``: the node's next step is ready after this one's work."""
     end = now + work_time[s]
     if is_last[s]:
-        node_done[step_node[s]] = end
+        node_done[step_node[s]] = max(node_done[step_node[s]], end)
     else:
         pending[s + 1] = end
