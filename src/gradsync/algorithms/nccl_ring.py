@@ -42,6 +42,8 @@ from . import ring
 from ._common import Net, check_size
 from .spec import AlgorithmSpec, Option, is_int
 
+MAX_CHANNELS = 1024       # one ring per GPU of a machine: an NVL72 rack's 72 NICs, and more
+
 
 def _machines(workers, local_size, channels):
     """Machines, GPUs per machine and rings, checked: ``_machines(8, 4, None)`` is (2, 4, 4)."""
@@ -51,8 +53,8 @@ def _machines(workers, local_size, channels):
     machines = workers // int(local)
     default = int(local) if machines > 1 else 1
     rings = default if channels is None else channels
-    if isinstance(rings, bool) or not isinstance(rings, (int, np.integer)) or not 1 <= rings <= 64:
-        raise ConfigError(f"channels must be an integer in 1..64, got {channels!r}")
+    if isinstance(rings, bool) or not isinstance(rings, (int, np.integer)) or not 1 <= rings <= MAX_CHANNELS:
+        raise ConfigError(f"channels must be an integer in 1..{MAX_CHANNELS}, got {channels!r}")
     return machines, int(local), int(rings)
 
 
@@ -162,7 +164,7 @@ SPEC = AlgorithmSpec(
     phases={"reduce": "reduce-scatter on every ring", "copy": "all-gather on every ring"}, exact=True,
     summary="NCCL's ring: several rings at once, one per NIC (rail) across machines",
     options={"local_size": Option(None, "an integer >= 1 that divides the workers (GPUs per machine)", is_int(1)),
-             "channels": Option(None, "an integer in 1..64 (rings; default one per GPU of a machine)", is_int(1)),
+             "channels": Option(None, "an integer in 1..1024 (rings; default one per GPU of a machine)", is_int(1)),
              "rings": Option(None, "a list of worker orders, e.g. [[0, 1, 2, 3]]", _is_rings),
              "weights": Option(None, "a list of positive numbers, one per ring", ring._is_weights)},
     machine_option="local_size")

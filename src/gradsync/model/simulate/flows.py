@@ -28,10 +28,37 @@ def _full(schedule, net, itemsize) -> _System:
     steps = _steps((t["src"], t["dst"], t["round"]), (c["node"], c["round"], c["madds"]), adds,
                    max(schedule.rounds, 1), costs, lanes)
     inverse = inverse.reshape(-1)
+    deps = _data_deps(t, steps[0], steps[1], steps[4]) if lanes is not None and lanes[2] > 1 else None
     return _System(paths[inverse], net.capacity, net.fan_in, net.node_channel[t["dst"]], latency[inverse],
                    net.wire_bytes(t["src"], t["dst"], t["count"], itemsize), np.ones(len(net.capacity)), *steps[:4],
                    nodes, net.startup, t["round"], np.arange(nodes), np.arange(len(net.capacity)), None, net.eager,
-                   steps[4])
+                   steps[4], deps)
+
+
+def _data_deps(t, step_src, step_dst, step_track):
+    """Where a transfer sends on data that reached its sender in another track (lane): the step
+    that sends it and the flow it must wait for, the latest one of an earlier round into the
+    sender with the same segment. Tracks keep their own rounds apart; this keeps the data's
+    order across them (NCCL's tree root turns each reduced segment into the broadcast). Only
+    exact segments are matched: the schedules with lanes move whole segments."""
+    n = len(t)
+    node = np.concatenate([t["dst"], t["src"]]).astype(np.int64)
+    key = np.stack([np.repeat([1, 0], n), np.concatenate([t["round"], t["round"]]),
+                    np.concatenate([t["count"], t["count"]]), np.concatenate([t["offset"], t["offset"]]), node])
+    order = np.lexsort(key)                      # by node, segment, then round, sends before arrivals
+    arrival = order < n
+    same = np.ones(len(order), bool)
+    same[:1] = False                             # the first entry starts a group
+    for row in (node, key[3], key[2]):           # the same node and segment
+        same[1:] &= row[order][1:] == row[order][:-1]
+    group = np.cumsum(~same)
+    last = np.where(arrival, np.arange(len(order)), -1)
+    last = np.maximum.accumulate(last)           # the latest arrival at or before each position
+    first_of_group = np.flatnonzero(~same)[group - 1] if len(order) else order
+    sends = ~arrival & (last >= first_of_group) & (last >= 0)
+    flow, before = order[sends] - n, order[last[sends]]
+    other = step_track[step_src[flow]] != step_track[step_dst[before]]
+    return step_src[flow[other]], before[other]
 
 
 class _NodeCosts(NamedTuple):

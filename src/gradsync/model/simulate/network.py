@@ -29,30 +29,10 @@ def _placement(schedule: Schedule, topology: Topology) -> np.ndarray:
                                   f"topology {topology.name!r} has none")
             names.append(topology.host)
         elif helper.startswith("switch"):
-            names.append(reducer_for(topology, schedule.workers, helper, schedule.algorithm))
+            names.append(topology.reducer_for(schedule.workers, helper, schedule.algorithm))
         else:
             raise ConfigError(f"no placement for helper node {helper!r}")
     return np.array([topology.index[n] for n in names], dtype=np.int64)
-
-
-def reducer_for(topology: Topology, workers: int, helper: str = "switch", algorithm: str = "switch") -> str:
-    """The topology node that helper ``helper`` runs on: "switch" is the switch that reduces for
-    all ``workers`` (one machine's NVSwitch, else a network switch with SHARP), "switch<m>"
-    machine m's; ConfigError where the topology has none."""
-    what = f"algorithm {algorithm!r} needs a switch that reduces"
-    if helper != "switch":
-        m = helper.removeprefix("switch")
-        if not m.isdigit() or int(m) >= len(topology.reducers):
-            raise ConfigError(f"{what} in machine {m}; topology {topology.name!r} has "
-                              f"{len(topology.reducers)} such switches (NVLink SHARP)")
-        return topology.reducers[int(m)]
-    machine = topology.machine_size(workers) if len(topology.reducers) > 1 else len(topology.workers)
-    if topology.reducers and workers <= machine:
-        return topology.reducers[0]
-    if topology.network_reducer is not None:
-        return topology.network_reducer
-    raise ConfigError(f"{what} for all {workers} workers; topology {topology.name!r} has none"
-                      + (" across its machines" if topology.reducers else " (no NVLink SHARP, no SHARP switch)"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,7 +84,7 @@ class _Net:
         if protocol is not None:
             from ..topology.gpu import CLASSES
             startup, wire = startup + protocol.base, wire / protocol.efficiency
-            step = np.array([protocol.step_latency(c) for c in CLASSES])
+            step = np.array([protocol.step_latency(c, topology.gpu.exposed_network) for c in CLASSES])
             classes[:n_links] = topology.channel_class
         return cls(topology, names, np.asarray(placement, np.int64), capacity.astype(float), fan_in, copy_channel[placement], copy_channel,
                    np.array([n.reduce_rate or np.inf for n in nodes]), np.array([n.madd_rate or np.inf for n in nodes]),
@@ -164,21 +144,23 @@ def _pair_routes(src, dst, net):
 
 
 def _max_min_rates(paths: np.ndarray, capacity: np.ndarray, weight: np.ndarray, inbound=None,
-                   fan_in=None) -> np.ndarray:
+                   fan_in=None, count=None) -> np.ndarray:
     """Max-min fair rates of flows along ``paths`` (progressive filling), vectorized. A flow
     stands for ``weight[c]`` flows on channel c (1 unless the system is a symmetric quotient).
     With ``fan_in``, a node's copy channel receiving k flows at once (``inbound``) has
-    capacity / (1 + fan_in (k - 1))."""
+    capacity / (1 + fan_in (k - 1)). With ``count``, each row stands for that many flows of the
+    same route (the same rates, bit for bit, as the rows repeated: the loads are whole numbers)."""
     rate = np.zeros(len(paths))
     if fan_in is not None:
-        k = np.bincount(inbound, minlength=len(capacity)) * weight
+        k = np.bincount(inbound, weights=count, minlength=len(capacity)) * weight
         capacity = capacity / (1 + fan_in * np.maximum(k - 1, 0))
     remaining = capacity.copy()
     live = np.ones(len(paths), dtype=bool)
     unbounded = (paths == len(capacity) - 1).all(axis=1)   # no channel at all (same device)
     rate[unbounded], live[unbounded] = np.inf, False
     while live.any():
-        load = np.bincount(paths[live].ravel(), minlength=len(capacity)) * weight
+        crossing = None if count is None else np.repeat(count[live], paths.shape[1])
+        load = np.bincount(paths[live].ravel(), weights=crossing, minlength=len(capacity)) * weight
         load[-1] = 0
         used = load > 0
         step = (remaining[used] / load[used]).min()

@@ -91,7 +91,7 @@ class _Flows:
 def _run_scalar(system, progress=None):
     """``engine._run`` for a small system: the same results, from Python floats."""
     flows = _Flows(system)
-    is_last, by_step, by_step_start, left = (x.tolist() for x in _step_index(system))
+    is_last, by_step, by_step_start, left, sending = (x.tolist() for x in _step_index(system))
     step_src, step_dst = system.step_src.tolist(), system.step_dst.tolist()
     step_node, work_time = system.step_node.tolist(), system.work_time.tolist()
     n_fl = len(flows.nbytes)
@@ -99,11 +99,13 @@ def _run_scalar(system, progress=None):
     start, sent, done = ([math.nan] * n_fl for _ in range(3))
     node_done, busy = [0.0] * system.nodes, [0.0] * len(flows.capacity)
     first, first_at = _first_steps(system)
-    pending = dict(zip(first.tolist(), first_at.tolist()))
+    pending = _Pending(system)
+    for s, at in zip(first.tolist(), first_at.tolist()):
+        pending[s] = at
     state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0,
              "posted": [False] * len(step_node) if system.eager else None}
     loop = (flows, need, start, sent, done, busy, pending, state)
-    steps = (is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done)
+    steps = (is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done, sending)
     while state["remaining"] or state["flying"] or pending:
         _event(loop, steps)
         state["events"] += 1
@@ -117,7 +119,7 @@ def _run_scalar(system, progress=None):
 def _event(loop, steps):
     """One pass of the loop: advance to the next event, then the same three stages as ``_run``."""
     flows, need, start, sent, done, busy, pending, state = loop
-    is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done = steps
+    is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done, sending = steps
     now, remaining, rate, flying = state["now"], state["remaining"], state["rate"], state["flying"]
     drain_at = {f: now + (r / rate[f] if rate[f] else math.inf) for f, r in remaining.items()}
     nxt = min(min(d.values()) for d in (drain_at, flying, pending) if d)
@@ -149,6 +151,7 @@ def _event(loop, steps):
         done[f] = now
         for s in ((step_dst[f],) if posted is not None else (step_src[f], step_dst[f])):
             complete(s)
+        pending.release(f, now)
     state["delivered"] += len(arrived)
     ready = [s for s, at in pending.items() if at <= soon]
     for s in ready:
@@ -159,8 +162,9 @@ def _event(loop, steps):
         if left[s] == 0:                            # compute-only steps
             _advance(s, now, pending, is_last, step_node, work_time, node_done)
     for s in ready:                                 # 3. ready steps post; flows with both ends start
-        for f in by_step[by_step_start[s]:by_step_start[s + 1]]:
-            if posted is not None and step_src[f] != s:
+        for e in range(by_step_start[s], by_step_start[s + 1]):
+            f = by_step[e]
+            if posted is not None and not sending[e]:
                 continue                            # posted sends: the sender alone starts a flow
             need[f] -= 1
             if need[f] == 0:
@@ -169,6 +173,33 @@ def _event(loop, steps):
                 changed = True
     if changed:
         state["rate"] = flows.rates(list(remaining))
+
+
+class _Pending(dict):
+    """Steps ready to post, by step: when each is ready. A step that also waits for flows of
+    other tracks (``_System.deps``) is held until the last of them is delivered."""
+
+    def __init__(self, system):
+        super().__init__()
+        self.dep_left, self.held, self.waiters = None, {}, {}
+        if system.deps is not None:
+            dep_step, dep_flow = system.deps
+            self.dep_left = np.bincount(dep_step, minlength=len(system.step_node)).tolist()
+            for step, flow in zip(dep_step.tolist(), dep_flow.tolist()):
+                self.waiters.setdefault(flow, []).append(step)
+
+    def __setitem__(self, step, at):
+        if self.dep_left is not None and self.dep_left[step] > 0:
+            self.held[step] = at
+        else:
+            super().__setitem__(step, at)
+
+    def release(self, flow, now) -> None:
+        """Flow ``flow`` delivered at ``now``: the steps that waited for it alone become ready."""
+        for step in self.waiters.get(flow, ()):
+            self.dep_left[step] -= 1
+            if self.dep_left[step] == 0 and step in self.held:
+                super().__setitem__(step, max(self.held.pop(step), now))
 
 
 def _advance(s, now, pending, is_last, step_node, work_time, node_done):

@@ -157,10 +157,10 @@ def cluster(workers: int | None = None, machines: int | None = None, gpus: int =
     if net not in ("ib", "ethernet"):
         raise TopologyError(f"net: expected ib or ethernet, got {net!r}")
     over = _check("oversubscription", oversubscription, 1, 1024, float)
-    spec = None if gpu is None else _gpu(gpu, nvls)
+    spec = None if gpu is None else _gpu(gpu, nvls, gpus)
     nvls = bool(spec and spec.nvls) if nvls is None else bool(nvls)
     kinds = (spec.nvlink, "net" if net == "ib" else "ethernet") if spec else (None, None)
-    nv_bw = parse_bandwidth(nvlink) if nvlink is not None else spec.nvlink_rate if spec else 450e9
+    nv_bw = parse_bandwidth(nvlink) if nvlink is not None else (spec.nvlink_rate or 450e9) if spec else 450e9
     nic_bw = parse_bandwidth(nic)
     defaults = ("0us", "0us", "0us") if spec else ("0.5us", "1us", "0.5us")
     lat = tuple(parse_time(x if x is not None else d)
@@ -175,16 +175,18 @@ def cluster(workers: int | None = None, machines: int | None = None, gpus: int =
                     description=f"{machines} machines x {gpus} GPUs ({what}), one {nic} NIC per GPU, "
                                 f"{shape}, oversubscription {over:g}:1" + (", NVLS" if nvswitches else "")
                                 + (", SHARP" if sharp else "") + (", PXN" if routes.pxn else ""),
-                    router=routes, gpu=GpuModel() if spec else None, reducers=nvswitches,
+                    router=routes, gpu=GpuModel(compcap=spec.compcap, exposed_network=gpus == 1) if spec else None,
+                    reducers=nvswitches,
                     network_reducer="spine" if sharp else None)
     n = machines * gpus
     return topo if workers is None or workers == n else topo.with_workers(workers)
 
 
-def _gpu(name, nvls):
+def _gpu(name, nvls, gpus):
     spec = gpu_spec(name)
-    if not spec.nvlink:
-        raise TopologyError(f"gpu: {spec.title} has no NVLink; a cluster's machines are NVLink domains")
+    if not spec.nvlink and gpus > 1:
+        raise TopologyError(f"gpu: {spec.title} has no NVLink; a cluster's machines of several GPUs are NVLink "
+                            "domains (gpus=1 for one GPU per machine)")
     if nvls and not spec.nvls:
         raise TopologyError(f"nvls: {spec.title}'s NVSwitch does not reduce (NVLS needs Hopper or later)")
     return spec

@@ -63,16 +63,21 @@ class Protocol:
     efficiency: float
     base: float                          # seconds, once per collective
     step: dict                           # seconds per step, by latency class
+    exposed_net: float = 0.0             # a network step with one GPU per machine (nothing hides it)
 
-    def step_latency(self, cls: str) -> float:
-        return self.step[cls]
+    def step_latency(self, cls: str, exposed: bool = False) -> float:
+        return self.exposed_net if exposed and cls == NET else self.step[cls]
 
 
+# NCCL's Ring rows of hwLat; with one GPU per machine NCCL charges a network step Tree's row
+# ("With ppn=1 latencies are fully exposed, use the Tree network latency").
 PROTOCOLS = {
-    "ll": Protocol("ll", 0.5, 6.6 * US, {NVLINK: 0.6 * US, PCIE: 1.0 * US, NET: 2.7 * US}),
-    "ll128": Protocol("ll128", 0.92, 14.0 * US, {NVLINK: 1.9 * US, PCIE: 2.5 * US, NET: 4.0 * US}),
-    "simple": Protocol("simple", 1.0, 8.4 * US, {NVLINK: 3.4 * US, PCIE: 5.7 * US, NET: 14.0 * US}),
+    "ll": Protocol("ll", 0.5, 6.6 * US, {NVLINK: 0.6 * US, PCIE: 1.0 * US, NET: 2.7 * US}, 5.0 * US),
+    "ll128": Protocol("ll128", 0.92, 14.0 * US, {NVLINK: 1.9 * US, PCIE: 2.5 * US, NET: 4.0 * US}, 8.5 * US),
+    "simple": Protocol("simple", 1.0, 8.4 * US, {NVLINK: 3.4 * US, PCIE: 5.7 * US, NET: 14.0 * US}, 14.0 * US),
 }
+SOCKET_LINKS = {      # NCCL's topo.h: what GPU traffic gets between two CPU sockets, bytes/s
+    "broadwell": 6e9, "skylake": 10e9, "sapphire-rapids": 22e9, "emerald-rapids": 40e9, "amd": 16e9}
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,8 @@ class GpuModel:
     default: str = "simple"
     eager: bool = True
     notes: tuple[str, ...] = field(default=())   # what the model says of this machine (e.g. no peer-to-peer)
+    compcap: int = 90                            # the GPUs' compute capability x 10 (NCCL's tables differ by it)
+    exposed_network: bool = False                # one GPU per machine: network steps at their exposed latency
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -146,6 +153,7 @@ GPUS = {
     "h100": Gpu("H100 SXM5", "nvlink4", 18, 25e9, 5, 0.85, 90),     # 900 GB/s
     "h200": Gpu("H200 SXM", "nvlink4", 18, 25e9, 5, 0.85, 90),      # 900 GB/s
     "b200": Gpu("B200", "nvlink5", 18, 50e9, 5, 0.74, 100),         # 1.8 TB/s
+    "gb10": Gpu("GB10 (DGX Spark)", None, 0, 0.0, 5, None, 121),      # one GPU per machine, no NVLink to another
     "rtx4090": Gpu("GeForce RTX 4090", None, 0, 0.0, 4, None, 89),  # PCIe only, no peer-to-peer in the driver
     "rtx5090": Gpu("GeForce RTX 5090", None, 0, 0.0, 5, None, 120),
 }

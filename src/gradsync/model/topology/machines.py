@@ -5,6 +5,7 @@ SHARP where the NVSwitch has it.
 - ``hgx-a100``, ``hgx-h100``, ``hgx-h200``: 8 GPUs (``gpus`` takes fewer) on NVSwitch, each
   GPU's NVLinks bonded into one link to it; Hopper's NVSwitch reduces (NVLS).
 - ``gb200-nvl72``: 72 Blackwell GPUs in one NVLink domain (NVSwitch trays, NVLS).
+- ``nvswitch``: any NVLink GPU of ``gpu.GPUS`` (``gpu=h800``, ``gpu=b200``) on NVSwitch.
 - ``dgx-1``: 8 V100s in the hybrid cube-mesh of NVLink 2 (a DGX-1 or p3.16xlarge), with
   rings over every NVLink in both directions.
 - ``nvlink-pair``: two PCIe GPUs joined by an NVLink bridge (``links`` NVLinks).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from ...errors import TopologyError
 from ...units import parse_bandwidth
-from .gpu import GPUS, NVLS_LATENCY, PCIE_X16, Gpu, GpuModel, gpu_spec
+from .gpu import GPUS, NVLS_LATENCY, PCIE_X16, SOCKET_LINKS, Gpu, GpuModel, gpu_spec
 from .model import Link, Node, Topology
 
 
@@ -37,7 +38,8 @@ def _count(what, value, low, high) -> int:
 def _protocols(gpu: Gpu, nvlink: bool, notes=()) -> GpuModel:
     """NCCL enables LL128 where the GPUs talk over NVLink (and on Hopper and later)."""
     ll128 = nvlink or gpu.compcap >= 90
-    return GpuModel(protocols=("ll", "ll128", "simple") if ll128 else ("ll", "simple"), notes=tuple(notes))
+    return GpuModel(protocols=("ll", "ll128", "simple") if ll128 else ("ll", "simple"), notes=tuple(notes),
+                    compcap=gpu.compcap)
 
 
 def nvswitch_machine(gpu: str = "h100", gpus: int = 8, nvls: bool | None = None, name: str | None = None,
@@ -64,6 +66,12 @@ def nvswitch_machine(gpu: str = "h100", gpus: int = 8, nvls: bool | None = None,
                     description=f"{gpus} {spec.title} on NVSwitch, {spec.links} NVLinks of "
                                 f"{spec.link_rate / 1e9:g} GB/s per GPU" + (", NVLink SHARP" if nvls else ""),
                     gpu=_protocols(spec, True), reducers=("nvswitch",) if nvls else ())
+
+
+def nvswitch(gpu: str = "h100", gpus: int = 8, nvls: bool | None = None) -> Topology:
+    """Any GPU of ``gpu.GPUS`` with NVLink, ``gpus`` of them on one NVSwitch fabric (an HGX H800, a
+    DGX B200): ``nvswitch:gpu=h800``."""
+    return nvswitch_machine(gpu, gpus, nvls, name=f"nvswitch-{gpu}", most=72)
 
 
 def hgx_a100(gpus: int = 8) -> Topology:
@@ -129,32 +137,42 @@ def nvlink_pair(gpu: str = "a100-pcie", links: int = 12) -> Topology:
 
 
 def pcie_server(gpus: int = 8, gpu: str = "rtx4090", gen: int | None = None, p2p: bool = False,
-                per_switch: int = 1, memory=None) -> Topology:
+                per_switch: int = 1, memory=None, sockets: int = 1, cpu: str = "sapphire-rapids") -> Topology:
     """``gpus`` GPUs on PCIe only: ``per_switch`` of them behind each PCIe switch, whose x16
-    uplink joins the CPU (1: every GPU on a root port of its own). Without peer-to-peer every
-    transfer between GPUs is written to the host's memory and read back from it; ``memory``
-    (e.g. "200GB/s") limits what the host's memory moves, both ways together."""
+    uplink joins its CPU (1: every GPU on a root port of its own); ``sockets`` CPUs, the GPUs
+    split evenly between them, joined at what NCCL counts for ``cpu``'s socket link
+    (``gpu.SOCKET_LINKS``). Without peer-to-peer every transfer between GPUs is written to the
+    sender's socket's memory and read from there; ``memory`` (e.g. "200GB/s") limits what each
+    socket's memory moves, both ways together."""
     spec, gpus = gpu_spec(gpu), _count("gpus", gpus, 1, 64)
     gen = spec.pcie if gen is None else gen
     if gen not in PCIE_X16:
         raise TopologyError(f"gen: expected a PCIe generation in {', '.join(map(str, PCIE_X16))}, got {gen!r}")
-    per_switch = _count("per_switch", per_switch, 1, gpus)
-    rate = PCIE_X16[gen]
+    per_switch, sockets = _count("per_switch", per_switch, 1, gpus), _count("sockets", sockets, 1, 8)
+    if cpu not in SOCKET_LINKS:
+        raise TopologyError(f"cpu: expected one of {', '.join(SOCKET_LINKS)}, got {cpu!r}")
     mem = parse_bandwidth(memory) / 2 if memory is not None else None     # each byte is written, then read
-    nodes = [Node(f"gpu{i}", "gpu") for i in range(gpus)] + [Node("cpu", "cpu", copy_rate=mem)]
-    links = []
-    if per_switch == 1:
-        links += [Link(f"gpu{i}", "cpu", rate, 0.0, kind="pcie") for i in range(gpus)]
-    else:
-        switches = -(-gpus // per_switch)
-        nodes += [Node(f"plx{s}", "switch") for s in range(switches)]
-        links += [Link(f"gpu{i}", f"plx{i // per_switch}", rate, 0.0, kind="pcie") for i in range(gpus)]
-        links += [Link(f"plx{s}", "cpu", rate, 0.0, kind="pcie") for s in range(switches)]
+    nodes = [Node(f"gpu{i}", "gpu") for i in range(gpus)] + [Node(f"cpu{k}", "cpu", copy_rate=mem)
+                                                              for k in range(sockets)]
+    links = [Link(f"cpu{k}", f"cpu{k + 1}", SOCKET_LINKS[cpu], 0.0) for k in range(sockets - 1)]
+    nodes, links = _pcie_tree(nodes, links, gpus, per_switch, sockets, PCIE_X16[gen])
     notes = () if p2p else ("no peer-to-peer: every transfer between GPUs is written to host memory and read "
                             "back, crossing PCIe twice",)
-    return Topology("pcie-server", tuple(nodes), tuple(links), tuple(f"gpu{i}" for i in range(gpus)), host="cpu",
+    return Topology("pcie-server", tuple(nodes), tuple(links), tuple(f"gpu{i}" for i in range(gpus)), host="cpu0",
                     description=f"{gpus} {spec.title} on PCIe Gen{gen} x16"
                                 + (f", {per_switch} per switch" if per_switch > 1 else "")
+                                + (f", {sockets} sockets ({cpu})" if sockets > 1 else "")
                                 + ("" if p2p else ", no peer-to-peer"),
                     gpu=_protocols(spec, False, notes), p2p=p2p)
 
+
+def _pcie_tree(nodes, links, gpus, per_switch, sockets, rate):
+    """GPUs on their sockets' PCIe: on root ports, or ``per_switch`` to a PCIe switch."""
+    socket = [i * sockets // gpus for i in range(gpus)]
+    if per_switch == 1:
+        return nodes, links + [Link(f"gpu{i}", f"cpu{socket[i]}", rate, 0.0, kind="pcie") for i in range(gpus)]
+    switches = -(-gpus // per_switch)
+    nodes = nodes + [Node(f"plx{s}", "switch") for s in range(switches)]
+    links = links + [Link(f"gpu{i}", f"plx{i // per_switch}", rate, 0.0, kind="pcie") for i in range(gpus)]
+    links += [Link(f"plx{s}", f"cpu{socket[s * per_switch]}", rate, 0.0, kind="pcie") for s in range(switches)]
+    return nodes, links

@@ -191,14 +191,21 @@ class Topology:
         return len(names)
 
     def _through_host(self, a: str, b: str) -> bool:
-        """Whether the route a -> b goes through the host's memory: no peer-to-peer, two GPUs."""
+        """Whether the route a -> b goes through host memory: no peer-to-peer, two GPUs."""
         return not self.p2p and a != b and self.node(a).kind == "gpu" and self.node(b).kind == "gpu"
+
+    def _memory_of(self, a: str) -> str:
+        """The host memory a GPU writes to without peer-to-peer: its own socket's, the first CPU on
+        its route to the host."""
+        path = nx.shortest_path(self.graph, a, self.host, weight="cost")
+        return next(n for n in path if self.node(n).kind == "cpu")
 
     def route_nodes(self, a: str, b: str) -> list[int]:
         """Node indices along the route from ``a`` to ``b``, both included."""
         key = (a, b)
         if key not in self._routes and self._through_host(a, b):
-            self._routes[key] = self.route_nodes(a, self.host) + self.route_nodes(self.host, b)[1:]
+            memory = self._memory_of(a)
+            self._routes[key] = self.route_nodes(a, memory) + self.route_nodes(memory, b)[1:]
         if key not in self._routes and self.router is not None:
             found = self.router.route_table([self.index[a]], [self.index[b]])
             if found is not None:
@@ -276,6 +283,30 @@ class Topology:
         only the simulator models (the closed forms do not)."""
         return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead or n.cores
                    or n.round_overhead for n in self.nodes)
+
+    def reducer_for(self, workers: int, helper: str = "switch", algorithm: str = "switch") -> str:
+        """The node that helper ``helper`` runs on: "switch" is the switch that reduces for all
+        ``workers`` (one machine's NVSwitch, else a network switch with SHARP), "switch<m>"
+        machine m's; TopologyError where there is none.
+
+        >>> from gradsync.model.topology import preset
+        >>> preset("hgx-h100").reducer_for(8), preset("cluster", gpu="h100").reducer_for(16, "switch1")
+        ('nvswitch', 'm1nvs')
+        """
+        what = f"algorithm {algorithm!r} needs a switch that reduces"
+        if helper != "switch":
+            m = helper.removeprefix("switch")
+            if not m.isdigit() or int(m) >= len(self.reducers):
+                raise TopologyError(f"{what} in machine {m}; topology {self.name!r} has {len(self.reducers)} "
+                                    "such switches (NVLink SHARP)")
+            return self.reducers[int(m)]
+        machine = self.machine_size(workers) if len(self.reducers) > 1 else len(self.workers)
+        if self.reducers and workers <= machine:
+            return self.reducers[0]
+        if self.network_reducer is not None:
+            return self.network_reducer
+        raise TopologyError(f"{what} for all {workers} workers; topology {self.name!r} has none"
+                            + (" across its machines" if self.reducers else " (no NVLink SHARP, no SHARP switch)"))
 
     def node(self, name: str) -> Node:
         """The node called ``name``."""
