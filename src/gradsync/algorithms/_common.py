@@ -19,6 +19,8 @@ class Net:
     ``switch_*``: alpha and beta between a worker and the switch that reduces (NVLS, SHARP),
     beta at the switch's share of the link. ``base``: seconds once per collective (a GPU
     protocol's launch and set-up), which ``model.cost.predict`` adds to every closed form.
+    ``posted``: the sender does not wait for the receiver (NCCL), so pipelined algorithms pay a
+    step's latency once per stage of their depth, not per round.
     """
 
     alpha: float
@@ -35,6 +37,8 @@ class Net:
     switch_beta: float | None = None
     switch_base: float = 0.0        # the reducing switch's own set-up, once per collective (NVLS: 25 us)
     base: float = 0.0
+    posted: bool = False            # sends are posted (a GPU machine): a pipeline pays its latencies once along
+                                    # its depth, not once per round
 
 
 MAX_WORKERS = 65536       # the largest ethernet preset

@@ -38,6 +38,8 @@ Only 2 log2 M network steps separate the leaves from the root, so at thousands o
 is far faster than a ring's 2 (N - 1) steps, for the same bytes per NIC."""
 
 
+import math
+
 import numpy as np
 
 from ..core.schedule import COPY, REDUCE, Schedule, chunk_bounds, transfers
@@ -166,7 +168,9 @@ def schedule(workers: int, elements: int, local_size: int | None = None, channel
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=None, channels=None, segments=None,
          **options) -> float:
     """Lock-step time from the timing rule (module docstring): per round, alpha plus the busiest
-    node's segments on the chains times beta_local or across machines times beta.
+    node's segments on the chains times beta_local or across machines times beta. With posted
+    sends (``net.posted``: a GPU machine) the rounds pipeline and the latencies are paid once
+    along the tree's depth: up the chains and the tree and down again.
     ``round(cost(8, 8e6, Net(1e-6, 1 / 10e9), segments=8) * 1e3, 3)`` is 4.43."""
     if workers == 1:
         return 0.0
@@ -176,9 +180,14 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     machines, local, _ = _machines(workers, local_size, channels)
     inside, across = _loads(parents, segments, local)
     beta_local = net.beta if net.local_beta is None else net.local_beta
-    alpha = net.alpha if machines > 1 else (net.local_alpha or net.alpha)
-    per_round = alpha + np.maximum(inside * beta_local, across * net.beta) * seg_bytes
-    return float(np.sum(per_round + _adds(parents, segments) * seg_bytes / itemsize * net.gamma))
+    alpha_local = net.local_alpha or net.alpha
+    alpha = net.alpha if machines > 1 else alpha_local
+    per_round = np.maximum(inside * beta_local, across * net.beta) * seg_bytes \
+        + _adds(parents, segments) * seg_bytes / itemsize * net.gamma
+    if net.posted:
+        hops = int(math.log2(machines)) + 1 if machines > 1 else 0
+        return float(np.sum(per_round) + 2 * ((local - 1) * alpha_local + hops * alpha))
+    return float(np.sum(per_round + alpha))
 
 
 def _rounds(parents, segments) -> int:

@@ -141,23 +141,33 @@ def schedule(workers: int, elements: int, local_size: int | None = None, segment
 
 def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=None, segments=None,
          **options) -> float:
-    """Lock-step time: S + 3 + 2H rounds (H the machine trees' height), each an alpha plus its
-    busiest link's bytes: a GPU's link to the switch carries a segment and a piece of it each
-    way per round, a head's NIC up to 3 pieces each way (an inner tree node).
-    ``round(cost(8, 1e9, Net(0, 1 / 370e9, switch_beta=1 / 315e9), segments=64) * 1e3, 2)`` is 3.74."""
+    """Pipeline time: the segments pass the stages one after another (up to the switch, a piece to
+    its head, 2 H hops of the machines' trees, back, the multicast), so the first segment takes
+    every stage's time and each further one the busiest stage's: a GPU's link to the switch
+    carries a segment and a piece of it each way, a head's NIC its pieces of both trees (4 for an
+    inner node of one tree and a leaf of the other). The latencies: once along the depth with posted sends (a GPU
+    machine), else per round. ``round(cost(8, 1e9, Net(0, 1 / 370e9, switch_beta=1 / 315e9),
+    segments=64) * 1e3, 2)`` is 3.62."""
     if workers == 1:
         return 0.0
     machines, local, trees, pieces, segments = _segments(workers, max(1, int(nbytes // itemsize)), local_size,
                                                          segments)
     seg = nbytes / segments                                   # one segment of every piece
     beta_s = net.beta if net.switch_beta is None else net.switch_beta
-    alpha = net.alpha if net.switch_alpha is None else net.switch_alpha
+    alpha_s = net.alpha if net.switch_alpha is None else net.switch_alpha
     top = max(int(h.max(initial=0)) for _, h, _ in trees)
-    inside = seg * (1 + 1 / local) * beta_s
-    across = seg / pieces * 3 * len(trees) * net.beta if machines > 1 else 0.0
-    if machines > 1:
-        alpha = max(alpha, net.alpha)
-    return net.switch_base + (segments + 3 + 2 * top) * (alpha + max(inside, across))
+    piece = seg / pieces
+    children = [np.bincount(p[p >= 0], minlength=machines) for p, _, _ in trees]
+    nic = max(sum(c + (p >= 0) for c, (p, _, _) in zip(children, trees)).max(), 0)   # pieces a head's NIC moves
+    hop = max(c.max() for c in children) * piece * net.beta   # a tree hop: a parent's children's pieces
+    stages = [seg * beta_s, seg / local * beta_s] + [hop] * (2 * top) + [seg / local * beta_s, seg * beta_s]
+    busiest = max(seg * (1 + 1 / local) * beta_s, nic * piece * net.beta)
+    rounds = segments + 3 + 2 * top
+    if net.posted:
+        latency = 4 * alpha_s + 2 * top * net.alpha
+    else:
+        latency = rounds * (max(alpha_s, net.alpha) if machines > 1 else alpha_s)
+    return net.switch_base + sum(stages) + (segments - 1) * busiest + latency
 
 
 SPEC = AlgorithmSpec(

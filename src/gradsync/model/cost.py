@@ -152,7 +152,8 @@ def net_for(topology: Topology, workers: int, options: dict | None = None, proto
         alpha = max(ab(names[r[i]], names[r[(i + 1) % workers]])[0] for r in rings for i in range(workers))
     if topology.reducers or topology.network_reducer:
         host.update(_switch(topology, names, workers, proto))
-    return Net(alpha, beta, gamma, mu, ring_betas=ring_betas, base=proto.base if proto else 0.0, **host)
+    return Net(alpha, beta, gamma, mu, ring_betas=ring_betas, base=proto.base if proto else 0.0,
+               posted=bool(proto and topology.gpu.eager), **host)
 
 
 def predict(algorithm: str, topology: Topology, workers: int, nbytes: float, itemsize: int = 4,

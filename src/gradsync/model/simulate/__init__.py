@@ -46,6 +46,7 @@ from .symmetry import _cyclic, _quotient
 __all__ = ["EXPAND_LIMIT", "SimResult", "TIMELINE_FORMAT", "TIME_COLUMNS", "load_timeline", "simulate"]
 
 EXPAND_LIMIT = 1 << 16     # transfers: a compact schedule off the symmetric path is expanded up to this many
+NARROW_CLASSES = 1e-2      # chunk sizes within 1%: the smallest class is bounded, not simulated
 
 
 def simulate(schedule: Schedule | CompactSchedule, topology: Topology, itemsize: int = 4, symmetry: bool = True,
@@ -130,12 +131,18 @@ def _simulate_compact(c, topology, itemsize, symmetry, expand_limit, progress, p
     if not symmetry or c.transfer_count <= expand_limit:
         return simulate(c.expand(), topology, itemsize, symmetry, progress=progress,
                         protocol=None if protocol is None else protocol.name)
-    low, high = (_symmetric(c.with_counts(k), topology, net, placement, itemsize, progress) for k in ("low", "high"))
-    if low is None or high is None:
+    spread = max(((hi - lo) / hi for lo, hi in c.level_sizes() if hi), default=0.0)
+    kinds = ("high",) if spread < NARROW_CLASSES else ("low", "high")
+    found = [_symmetric(c.with_counts(k), topology, net, placement, itemsize, progress) for k in kinds]
+    if any(r is None for r in found):
         raise ConfigError(f"{c.algorithm} on {c.workers} workers: the topology {topology.name!r} breaks the "
                           f"schedule's symmetry, and its {c.transfer_count:,} transfers are more than "
                           f"{expand_limit:,} to simulate one by one")
-    return replace(high, schedule=c, classes=(low.time, high.time))
+    high = found[-1]
+    # chunks within 1% of each other: the smallest class is not simulated; every byte's time
+    # shrinks at most in proportion, latencies stay, so its time is at least the largest's x (1 - spread)
+    low = found[0].time if len(found) == 2 else high.time * (1 - spread)
+    return replace(high, schedule=c, classes=(low, high.time))
 
 
 def _symmetric(c, topology, net, placement, itemsize, progress=None):

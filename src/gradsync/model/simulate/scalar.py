@@ -99,7 +99,7 @@ def _run_scalar(system, progress=None):
     start, sent, done = ([math.nan] * n_fl for _ in range(3))
     node_done, busy = [0.0] * system.nodes, [0.0] * len(flows.capacity)
     first, first_at = _first_steps(system)
-    pending = _Pending(system)
+    pending = _Pending(system) if system.deps is not None else {}
     for s, at in zip(first.tolist(), first_at.tolist()):
         pending[s] = at
     state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0,
@@ -131,7 +131,7 @@ def _event(loop, steps):
             remaining[f] = r - rate[f] * dt
     now = state["now"] = nxt
     soon, nbytes, changed = now * (1 + 1e-12), flows.nbytes, False
-    posted = state["posted"]
+    posted, waits = state["posted"], isinstance(pending, _Pending)
 
     def complete(s):                                # one flow fewer for step s; done when none is left
         left[s] -= 1
@@ -151,7 +151,8 @@ def _event(loop, steps):
         done[f] = now
         for s in ((step_dst[f],) if posted is not None else (step_src[f], step_dst[f])):
             complete(s)
-        pending.release(f, now)
+        if waits:
+            pending.release(f, now)
     state["delivered"] += len(arrived)
     ready = [s for s, at in pending.items() if at <= soon]
     for s in ready:
