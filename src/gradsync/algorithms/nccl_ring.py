@@ -13,9 +13,10 @@ its NIC, so that ring c uses rail c alone between machines.
 Each ring is the ring all-reduce of ``ring.py`` on 1/C of the buffer (reduce-scatter, then
 all-gather, 2 (N - 1) steps); every transfer's lane is its ring.
 
-Cost: 2 (N - 1) alpha + 2 (N - 1)/N n max(beta / C, beta_local), beta the network route
-between machines (one NIC: each ring has its own) and beta_local a GPU's link inside the
-machine, which all C rings share.
+Cost: 2 (N - M) alpha_local + 2 (M - 1) alpha + 2 (N - 1)/N n max(beta / C, beta_local), beta
+the network route between machines (one NIC: each ring has its own) and beta_local a GPU's
+link inside the machine, which all C rings share; a chunk's path of 2 (N - 1) steps crosses
+machines 2 (M - 1) times (as NCCL's own model counts them).
 
 >>> s = schedule(8, 64, local_size=4)
 >>> s.rounds, len(s.transfers), sorted(set(s.lane.tolist()))
@@ -150,9 +151,10 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     machines, local, count = _machines(workers, local_size, channels)
     beta_local = net.beta if net.local_beta is None else net.local_beta
     beta = max(net.beta / count, beta_local) if machines > 1 else beta_local
-    alpha = max(net.alpha, net.local_alpha or 0.0) if machines > 1 else (net.local_alpha or net.alpha)
-    steps = 2 * (workers - 1)
-    return steps * alpha + steps / workers * nbytes * beta + (workers - 1) / workers * nbytes / itemsize * net.gamma
+    alpha_local = net.alpha if net.local_alpha is None else net.local_alpha
+    steps, across = 2 * (workers - 1), 2 * (machines - 1)     # a chunk's path crosses machines 2 (M - 1) times
+    latency = (steps - across) * alpha_local + across * net.alpha if machines > 1 else steps * alpha_local
+    return latency + steps / workers * nbytes * beta + (workers - 1) / workers * nbytes / itemsize * net.gamma
 
 
 def _is_rings(value) -> bool:

@@ -123,12 +123,15 @@ def heights_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return height, depth
 
 
-def _segments(elements, lanes_count, workers, segments):
+def _segments(elements, lanes_count, workers, segments, budget=True):
+    """Segments per lane: as given, else 1 MiB each, at most MAX_SEGMENTS and (``budget``: for a
+    table to simulate) about TRANSFER_BUDGET transfers in all."""
     if segments is not None:
         if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
             raise ConfigError(f"segments must be an integer >= 1, got {segments!r}")
         return segments
-    most = max(1, min(MAX_SEGMENTS, TRANSFER_BUDGET // max(1, 2 * lanes_count * (workers - 1))))
+    most = MAX_SEGMENTS if not budget else \
+        max(1, min(MAX_SEGMENTS, TRANSFER_BUDGET // max(1, 2 * lanes_count * (workers - 1))))
     return int(min(most, max(1, -(-elements // (lanes_count * SEGMENT_ELEMENTS)))))
 
 
@@ -175,19 +178,40 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     if workers == 1:
         return 0.0
     parents = lanes(workers, local_size, channels)
-    segments = _segments(max(1, int(nbytes // itemsize)), len(parents), workers, segments)
+    segments = _segments(max(1, int(nbytes // itemsize)), len(parents), workers, segments, budget=False)
     seg_bytes = nbytes / len(parents) / segments
     machines, local, _ = _machines(workers, local_size, channels)
-    inside, across = _loads(parents, segments, local)
     beta_local = net.beta if net.local_beta is None else net.local_beta
     alpha_local = net.local_alpha or net.alpha
     alpha = net.alpha if machines > 1 else alpha_local
+    if net.posted:               # a pipeline: S segments behind a fill of its depth, latencies once along it
+        inside, across, depth = _steady_loads(parents, local)
+        per_segment = max(inside * beta_local, across * net.beta) * seg_bytes
+        hops = int(math.log2(machines)) + 1 if machines > 1 else 0
+        filling = min(1.0, 2 / len(parents))    # while it fills, a link carries the first segment of one
+                                                 # channel's two trees, not every lane's
+        return float((segments - 1 + depth * filling) * per_segment + 2 * ((local - 1) * alpha_local + hops * alpha))
+    inside, across = _loads(parents, segments, local)
     per_round = np.maximum(inside * beta_local, across * net.beta) * seg_bytes \
         + _adds(parents, segments) * seg_bytes / itemsize * net.gamma
-    if net.posted:
-        hops = int(math.log2(machines)) + 1 if machines > 1 else 0
-        return float(np.sum(per_round) + 2 * ((local - 1) * alpha_local + hops * alpha))
     return float(np.sum(per_round + alpha))
+
+
+def _steady_loads(parents, local):
+    """In the pipeline's steady state, the most segments one node moves each way per round on the
+    chains and across machines (every lane: its children up and its parent down in, the reverse
+    out), and the pipeline's depth (2 H rounds of the deepest lane)."""
+    n = len(parents[0])
+    machine = np.arange(n) // local
+    load = np.zeros((2, n))
+    depth = 0
+    for parent in parents:
+        child = np.flatnonzero(parent >= 0)
+        far = (machine[child] != machine[parent[child]]).astype(np.int64)
+        np.add.at(load, (far, child), 1)              # a child's edge to its parent: one segment each way
+        np.add.at(load, (far, parent[child]), 1)      # the parent's edge to the child, likewise
+        depth = max(depth, 2 * int(heights_depths(parent)[0].max(initial=0)))
+    return load[0].max(initial=0), load[1].max(initial=0), depth
 
 
 def _rounds(parents, segments) -> int:

@@ -64,8 +64,9 @@ def _machine_trees(machines):
     return [(p, *heights_depths(p)) for p in trees]
 
 
-def _segments(workers, elements, local_size, segments):
-    """Machines, local ranks, the machine trees, the pieces and the segments per piece."""
+def _segments(workers, elements, local_size, segments, budget=True):
+    """Machines, local ranks, the machine trees, the pieces and the segments per piece (2 MiB
+    each, at most MAX_SEGMENTS and, with ``budget``, about TRANSFER_BUDGET transfers in all)."""
     machines, local = _shape(workers, local_size)
     trees = _machine_trees(machines)
     pieces = local * len(trees)
@@ -74,7 +75,7 @@ def _segments(workers, elements, local_size, segments):
             raise ConfigError(f"segments must be an integer >= 1, got {segments!r}")
         return machines, local, trees, pieces, segments
     per_segment = 2 * workers + 2 * pieces * machines + 2 * pieces * (machines - 1)
-    most = max(1, min(MAX_SEGMENTS, TRANSFER_BUDGET // max(1, per_segment)))
+    most = max(1, min(MAX_SEGMENTS, TRANSFER_BUDGET // max(1, per_segment))) if budget else MAX_SEGMENTS
     return machines, local, trees, pieces, int(min(most, max(1, -(-elements // (pieces * SEGMENT_ELEMENTS)))))
 
 
@@ -151,7 +152,7 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     if workers == 1:
         return 0.0
     machines, local, trees, pieces, segments = _segments(workers, max(1, int(nbytes // itemsize)), local_size,
-                                                         segments)
+                                                         segments, budget=False)
     seg = nbytes / segments                                   # one segment of every piece
     beta_s = net.beta if net.switch_beta is None else net.switch_beta
     alpha_s = net.alpha if net.switch_alpha is None else net.switch_alpha

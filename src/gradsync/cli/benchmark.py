@@ -196,22 +196,22 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
 
 def _predict(rows, topo, options, codec, dtype, workers):
     """Each row's time as the simulator predicts it on ``topo`` (a codec's row: its wire
-    simulated plus its compute) and the prediction's error against the measured time."""
+    simulated plus its compute; a shared-buffer row: its memory bound plus the calibrated fixed
+    costs, ``memory_bound.predicted_s``) and the prediction's error against the measured time."""
+    from ..tools import memory_bound
     from ..tools.bench import NATIVE
-
     for r in rows:
-        if r["algorithm"] == "auto":
-            r["predicted_s"] = _auto_prediction(topo, r["count"], dtype, workers)
-            r["prediction_error"] = (r["predicted_s"] - r["time_s"]) / r["time_s"] if r["time_s"] else 0.0
-            continue
         name = "ring" if r["algorithm"] == NATIVE else r["algorithm"]
-        opts = {**default_options(name, topo, workers), **options.get(name, {})}
-        if opts.pop("compression", None) is not None and r["algorithm"] != NATIVE:
+        opts = {**default_options(name, topo, workers), **options.get(name, {})} if name != "auto" else {}
+        if name == "auto":
+            r["predicted_s"] = _auto_prediction(topo, r["count"], dtype, workers)
+        elif opts.pop("compression", None) is not None and r["algorithm"] != NATIVE:
             from ..tools.codec_predict import predict as predict_codec
             r["predicted_s"] = predict_codec(codec, name, topo, r["count"], workers, opts)["time_s"]
         else:
             sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
-            r["predicted_s"] = simulate(sched, topo, dtypes.itemsize(dtype)).time
+            r["predicted_s"] = memory_bound.predicted_s(r["bound_s"], sched.rounds, topo.node(topo.workers[0])) \
+                if "bound_s" in r else simulate(sched, topo, dtypes.itemsize(dtype)).time   # shared buffers: memory
         r["prediction_error"] = (r["predicted_s"] - r["time_s"]) / r["time_s"] if r["time_s"] else 0.0
 
 

@@ -84,7 +84,38 @@ def _alpha_beta(topology: Topology, a: str, b: str, protocol=None) -> tuple[floa
     channels, _ = topology.route(a, b)
     cls = int(topology.channel_class[channels].max(initial=-1)) if channels else -1
     exposed = topology.gpu is not None and topology.gpu.exposed_network
-    return alpha + (protocol.step_latency(CLASSES[cls], exposed) if cls >= 0 else 0.0), beta / protocol.efficiency
+    beta = beta / protocol.efficiency
+    if protocol.name == "ll" and topology.gpu is not None:     # NCCL's LL limit per GPU (payload, each way)
+        n = len(topology.workers)
+        size = topology.machine_size(n)
+        beta = max(beta, 4 / topology.gpu.ll_limit(n // size if n % size == 0 else 1))
+    return alpha + (protocol.step_latency(CLASSES[cls], exposed) if cls >= 0 else 0.0), beta
+
+
+def _pairs_alpha_beta(topology: Topology, a, b, protocol=None) -> tuple:
+    """The slowest of the routes a[i] -> b[i] (names), as ``_alpha_beta`` would give it pair by
+    pair and ``max`` would pick (the largest alpha, then beta), from all routes at once."""
+    import numpy as np
+    index = topology.index
+    channels, latency, _ = topology.route_table([index[x] for x in a], [index[x] for x in b])
+    used = channels >= 0
+    capacity = np.where(used, topology.channel_capacity[np.maximum(channels, 0)], np.inf)
+    bottleneck = capacity.min(axis=1, initial=np.inf)
+    alpha = np.where(used.any(axis=1), latency, 0.0)
+    beta = np.where(used.any(axis=1), 1.0 / bottleneck, 0.0)
+    if protocol is not None:
+        from .topology.gpu import CLASSES
+        exposed = topology.gpu is not None and topology.gpu.exposed_network
+        cls = np.where(used, topology.channel_class[np.maximum(channels, 0)], -1).max(axis=1, initial=-1)
+        steps = np.array([protocol.step_latency(c, exposed) for c in CLASSES])
+        alpha = alpha + np.where(cls >= 0, steps[np.maximum(cls, 0)], 0.0)
+        beta = beta / protocol.efficiency
+        if protocol.name == "ll" and topology.gpu is not None:
+            n = len(topology.workers)
+            size = topology.machine_size(n)
+            beta = np.maximum(beta, 4 / topology.gpu.ll_limit(n // size if n % size == 0 else 1))
+    k = np.lexsort((beta, alpha))[-1]
+    return float(alpha[k]), float(beta[k])
 
 
 def _protocol(topology: Topology, protocol):
@@ -120,15 +151,18 @@ def net_for(topology: Topology, workers: int, options: dict | None = None, proto
     >>> round(n.alpha * 1e6, 1), round(1 / n.beta / 1e9, 1), round(n.base * 1e6, 1)
     (3.4, 370.8, 8.4)
     """
-    names = topology.workers[:workers]
+    names = list(topology.workers[:workers])
     proto = _protocol(topology, protocol)
 
     def ab(a, b):
         return _alpha_beta(topology, a, b, proto)
+
+    def worst(pairs):
+        return _pairs_alpha_beta(topology, [a for a, _ in pairs], [b for _, b in pairs], proto)
     # the slowest route between neighbouring workers: on one switch any pair's, across a slow
     # link (two servers) the link's, which bounds every algorithm that crosses it
     pairs = list(zip(names, names[1:] + names[:1])) if workers > 1 else [(names[0], names[0])]
-    alpha, beta = max(ab(a, b) for a, b in pairs)
+    alpha, beta = worst(pairs)
     rate, madd_rate = topology.reduce_rate(names[0]), topology.madd_rate(names[0])
     gamma = 1.0 / rate if rate else 0.0
     mu = 1.0 / madd_rate if madd_rate else 0.0
@@ -141,15 +175,15 @@ def net_for(topology: Topology, workers: int, options: dict | None = None, proto
     local = (options or {}).get("local_size")
     if local and 1 < local < workers and workers % local == 0:
         # across machines: the rails (worker i and i + L); inside: neighbours in one machine
-        alpha, beta = max(ab(names[i], names[(i + local) % workers]) for i in range(workers))
-        inside = [ab(names[i], names[i + 1]) for i in range(workers - 1) if (i + 1) % local]
-        host["local_alpha"], host["local_beta"] = max(inside)
+        alpha, beta = worst([(names[i], names[(i + local) % workers]) for i in range(workers)])
+        host["local_alpha"], host["local_beta"] = worst([(names[i], names[i + 1]) for i in range(workers - 1)
+                                                         if (i + 1) % local])
     ring_betas = ()
     rings = (options or {}).get("rings")
     if rings:
-        ring_betas = tuple(max(ab(names[r[i]], names[r[(i + 1) % workers]])[1]
-                               for i in range(workers)) for r in rings)
-        alpha = max(ab(names[r[i]], names[r[(i + 1) % workers]])[0] for r in rings for i in range(workers))
+        hops = [[(names[r[i]], names[r[(i + 1) % workers]]) for i in range(workers)] for r in rings]
+        ring_betas = tuple(max(ab(a, b)[1] for a, b in ring) for ring in hops)
+        alpha = max(ab(a, b)[0] for ring in hops for a, b in ring)
     if topology.reducers or topology.network_reducer:
         host.update(_switch(topology, names, workers, proto))
     return Net(alpha, beta, gamma, mu, ring_betas=ring_betas, base=proto.base if proto else 0.0,

@@ -71,12 +71,13 @@ class _Net:
         topology) adds its wire bytes, its latency per step and per collective."""
         names = [topology.nodes[p].name for p in placement]
         nodes = [topology.nodes[p] for p in placement]
-        copying = [p for p, n in enumerate(topology.nodes) if n.copy_rate]
+        rates = _copy_rates(topology, placement, protocol)
+        copying = [p for p, rate in enumerate(rates) if rate]
         n_links = 2 * len(topology.links)
         padding = n_links + len(copying)
         copy_channel = np.full(len(topology.nodes), padding, dtype=np.int64)
         copy_channel[copying] = n_links + np.arange(len(copying))
-        capacity = np.concatenate([topology.channel_capacity, [topology.nodes[p].copy_rate for p in copying], [np.inf]])
+        capacity = np.concatenate([topology.channel_capacity, [rates[p] for p in copying], [np.inf]])
         fan_in = np.concatenate([np.zeros(n_links), [topology.nodes[p].fan_in or 0.0 for p in copying], [0.0]])
         startup = np.array([n.collective_overhead or 0.0 for n in nodes])
         wire = np.array([1.0 / n.switch_reduction if n.switch_reduction else 1.0 for n in nodes])
@@ -97,6 +98,20 @@ class _Net:
         the payload over the protocol's efficiency, and over a reducing switch's at either end."""
         factor = np.maximum(self.wire[src], self.wire[dst])
         return np.asarray(count, dtype=float) * itemsize * factor
+
+
+def _copy_rates(topology: Topology, placement, protocol) -> list:
+    """Per topology node, the rate its copy channel moves (None: none): its own ``copy_rate``, and
+    with LL on a GPU machine at most NCCL's LL limit for each GPU the schedule places."""
+    rates = [n.copy_rate for n in topology.nodes]
+    if protocol is None or protocol.name != "ll" or topology.gpu is None:
+        return rates
+    workers = [p for p in np.asarray(placement).tolist() if topology.nodes[p].kind == "gpu"]
+    size = topology.machine_size(len(workers))
+    limit = topology.gpu.ll_limit(len(workers) // size if len(workers) % size == 0 else 1)
+    for p in workers:
+        rates[p] = min(rates[p] or limit, limit)
+    return rates
 
 
 def _machines(topology: Topology, names: list) -> tuple[np.ndarray, np.ndarray]:

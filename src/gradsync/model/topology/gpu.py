@@ -76,6 +76,10 @@ PROTOCOLS = {
     "ll128": Protocol("ll128", 0.92, 14.0 * US, {NVLINK: 1.9 * US, PCIE: 2.5 * US, NET: 4.0 * US}, 8.5 * US),
     "simple": Protocol("simple", 1.0, 8.4 * US, {NVLINK: 3.4 * US, PCIE: 5.7 * US, NET: 14.0 * US}, 14.0 * US),
 }
+# NCCL's llMaxBws (GB/s): the most an LL all-reduce moves per GPU (its bus bandwidth), by GPU
+# generation on one machine, by CPU across 2 or more machines (LL's flags go through the proxy).
+LL_MAX_ONE_MACHINE = {70: 39.0, 80: 87.7, 90: 141.0, 100: 282.0}
+LL_MAX_MACHINES = {"intel": (39.0, 20.4), "amd": (22.5, 19.0)}   # (2 machines, 3 or more)
 SOCKET_LINKS = {      # NCCL's topo.h: what GPU traffic gets between two CPU sockets, bytes/s
     "broadwell": 6e9, "skylake": 10e9, "sapphire-rapids": 22e9, "emerald-rapids": 40e9, "amd": 16e9}
 
@@ -95,6 +99,21 @@ class GpuModel:
     notes: tuple[str, ...] = field(default=())   # what the model says of this machine (e.g. no peer-to-peer)
     compcap: int = 90                            # the GPUs' compute capability x 10 (NCCL's tables differ by it)
     exposed_network: bool = False                # one GPU per machine: network steps at their exposed latency
+    cpu: str = "intel"                           # the machines' CPUs (NCCL's LL limits across machines differ)
+
+    def ll_limit(self, machines: int) -> float:
+        """The most a GPU moves in and out together with LL, in wire bytes/s: NCCL's llMaxBw (a
+        bus bandwidth: payload per direction) x 2 directions x 2 wire bytes per payload byte.
+
+        >>> GpuModel().ll_limit(1) / 1e9, GpuModel().ll_limit(4) / 1e9
+        (564.0, 81.6)
+        """
+        if machines <= 1:
+            generation = max((g for g in LL_MAX_ONE_MACHINE if self.compcap >= g), default=70)
+            per = LL_MAX_ONE_MACHINE[generation]
+        else:
+            per = LL_MAX_MACHINES["amd" if self.cpu == "amd" else "intel"][0 if machines == 2 else 1]
+        return 4 * per * 1e9
 
     @property
     def names(self) -> tuple[str, ...]:
