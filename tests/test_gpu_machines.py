@@ -2,6 +2,8 @@
 independent tracks, switches that reduce, no peer-to-peer; and the new algorithms (NCCL's
 ring, tree, NVLS, NVLS-tree, PAT) timed against hand-worked figures and their closed forms."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,39 @@ def test_cluster_takes_any_gpu_count_per_nvlink_domain():
     assert len(t.workers) == 144 and t.reducers == ("m0nvs", "m1nvs")
     c = _compact.build("nccl_ring", 144, 144 * 100, local_size=72)
     assert simulate(c, t).strides == (1, 1)
+
+
+def cli(*args):
+    from click.testing import CliRunner
+    from gradsync.cli import main
+    return CliRunner().invoke(main, list(args))
+
+
+def test_compare_and_explain_on_a_cluster_leave_out_what_it_cannot_run_and_say_so_once():
+    run = cli("compare", "-t", "cluster:machines=2,gpus=4", "-s", "1MB", "--algorithms",
+              "ring,sharded,nccl_ring")
+    assert run.exit_code == 0, run.output
+    run = cli("compare", "-t", "cluster:machines=2,gpus=4", "-s", "1MB", "--format", "json")
+    assert run.exit_code == 0, run.output
+    assert "host" not in {r["algorithm"] for r in json.loads(run.stdout)}
+    assert run.stderr.count("needs a host node") == 1
+    run = cli("compare", "-t", "cluster:machines=2,gpus=4", "-s", "1MB", "--algorithms", "host")
+    assert run.exit_code == 2 and "needs a host node" in run.output
+    run = cli("explain", "-t", "cluster:machines=2,gpus=4", "-s", "1MB")
+    assert run.exit_code == 0 and run.output.count("left out: algorithm 'host'") == 1
+
+
+def test_tune_on_a_gpu_machine_names_protocols_and_what_nccl_would_run():
+    run = cli("tune", "-t", "hgx-h100", "--min-size", "4KB", "--max-size", "64MB", "--format", "json")
+    assert run.exit_code == 0, run.output
+    out = json.loads(run.stdout)
+    assert all("/" in label for label in out["rows"][0]["times_s"])          # algorithm/protocol
+    assert {r["nccl"]["protocol"] for r in out["rows"]} <= {"ll", "ll128", "simple"}
+    assert out["rows"][0]["nccl"]["algorithm"] == "nccl_ring"                # small: NCCL's ring, LL
+    assert out["rows"][-1]["nccl"]["algorithm"] == "nvls"                    # large: NVLink SHARP
+
+
+def test_simulate_takes_a_protocol_on_gpu_machines_only():
+    assert cli("simulate", "-a", "ring", "-t", "hgx-h100", "-s", "1MB", "--protocol", "ll").exit_code == 0
+    run = cli("simulate", "-a", "ring", "-t", "ethernet", "-s", "1MB", "--protocol", "ll")
+    assert run.exit_code == 2 and "not a GPU machine" in run.output
