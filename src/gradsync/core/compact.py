@@ -21,7 +21,8 @@ transfers, 8.6e9 at 65,536 workers); the compact form keeps the program and the 
 
 Segments come from the same arithmetic as ``chunk_bounds``, so a size that N does not divide
 keeps the compact form: its chunks differ by one element and fall in two size classes per
-level. ``expand()`` gives today's ``Schedule`` table (for the runtime, the view, JSON).
+level. ``expand()`` gives today's ``Schedule`` table (for the runtime, the view, JSON);
+``verify()`` checks the schedule without it (``core.compact_check``).
 
 >>> from gradsync.algorithms import ring
 >>> c = ring.compact(4, 100)
@@ -273,6 +274,11 @@ class CompactSchedule:
             digit = (moved // place[i] % d - anchor // place[i] % d) % d % strides[i]
             index = index * strides[i] + digit
         return row * int(np.prod(strides)) + index
+
+    def verify(self) -> None:
+        """``core.schedule.verify`` without expanding the table (``core.compact_check``)."""
+        from .compact_check import verify
+        verify(self)
 
     def to_dict(self) -> dict:
         """A JSON-ready description: the program, its chunk digits and the group."""

@@ -203,14 +203,16 @@ def verify(schedule: Schedule) -> None:
     worker ends holding every worker's input exactly once. CODED transfers carry encoded
     packets whose meaning belongs to a codec, so only their structure is checked here.
 
-    A compact schedule (``core.compact``) is checked on its expanded table.
+    A compact schedule (``core.compact``) is checked from its program and group, without
+    expanding it (``core.compact_check``).
 
     >>> from gradsync.algorithms import ring
     >>> verify(ring.schedule(5, 13)), verify(ring.compact(5, 13))
     (None, None)
     """
     if hasattr(schedule, "expand"):        # a compact schedule
-        schedule = schedule.expand()
+        schedule.verify()
+        return
     s, t = schedule, schedule.transfers
     if s.workers < 1 or s.elements < 0:
         _fail(f"need workers >= 1 and elements >= 0, got {s.workers} and {s.elements}")
