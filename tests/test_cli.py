@@ -21,7 +21,9 @@ def test_compare_reproduces_d2l_figures():
     assert rows["host"]["time_s"] == pytest.approx(0.080, rel=1e-3)
     assert rows["sharded"]["time_s"] == pytest.approx(0.015, rel=1e-3)
     assert rows["sharded"]["busbw_GBps"] == pytest.approx(16, rel=1e-3)
-    assert set(rows) == set(algorithms.names())
+    # every algorithm but the in-switch reductions, which this server's PCIe switch cannot run (named once)
+    assert set(rows) == set(algorithms.names()) - {"nvls", "nvls_tree"}
+    assert "left out" in run.stderr and "nvls" in run.stderr
     assert all(rows[a]["error"] == 0 for a in rows if a != "cerar")
     assert 0 < rows["cerar"]["error"] < 1e-2 and rows["cerar"]["components"] == 8
 

@@ -16,6 +16,11 @@ class Net:
     ``ring_betas`` gives one beta per ring when ring all-reduce runs several rings at once.
     ``local_*``: alpha and beta between workers of one machine, when workers are grouped into
     machines (hierarchical algorithms); alpha and beta are then those across machines.
+    ``switch_*``: alpha and beta between a worker and the switch that reduces (NVLS, SHARP),
+    beta at the switch's share of the link. ``base``: seconds once per collective (a GPU
+    protocol's launch and set-up), which ``model.cost.predict`` adds to every closed form.
+    ``posted``: the sender does not wait for the receiver (NCCL), so pipelined algorithms pay a
+    step's latency once per stage of their depth, not per round.
     """
 
     alpha: float
@@ -28,6 +33,12 @@ class Net:
     ring_betas: tuple[float, ...] = ()
     local_alpha: float | None = None
     local_beta: float | None = None
+    switch_alpha: float | None = None
+    switch_beta: float | None = None
+    switch_base: float = 0.0        # the reducing switch's own set-up, once per collective (NVLS: 25 us)
+    base: float = 0.0
+    posted: bool = False            # sends are posted (a GPU machine): a pipeline pays its latencies once along
+                                    # its depth, not once per round
 
 
 MAX_WORKERS = 65536       # the largest ethernet preset

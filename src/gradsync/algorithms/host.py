@@ -63,4 +63,5 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, **options) ->
 SPEC = AlgorithmSpec(
     name="host", schedule=schedule, cost=cost, explanation=EXPLANATION,
     phases={"reduce": "reduce on the host", "copy": "broadcast from the host"}, exact=True,
-    summary="every worker sends to the host CPU, which sums and sends the sum back")
+    summary="every worker sends to the host CPU, which sums and sends the sum back",
+    needs=("host",))

@@ -15,6 +15,7 @@ from .. import dtypes as dtype_table
 from ..errors import ConfigError
 
 RESERVED = ("auto", "native")   # all_reduce's automatic choice; bench's row for the engine's own
+NEEDS = ("host", "switch", "switches")   # helper nodes a schedule may place on a topology
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class AlgorithmSpec:
     shared_buffers: whether, on one host, it runs by reading the peers' buffers directly (its
         transfers are reads, a barrier between rounds: ``runtime.reads``) rather than as
         messages; for schedules whose rounds never read what they write (one_shot, sharded).
+    needs: the helper nodes its schedules place on a topology: "host" (the host CPU),
+        "switch" (one switch that reduces for all the workers), "switches" (one per machine);
+        ``model.cost.runnable`` reads them to leave out what a topology cannot run.
 
     >>> from gradsync.algorithms import ring
     >>> spec = AlgorithmSpec(name="ring_again", schedule=ring.schedule, cost=ring.cost, exact=True,
@@ -86,6 +90,7 @@ class AlgorithmSpec:
     explanation: str = ""
     machine_option: str | None = None
     shared_buffers: bool = False
+    needs: tuple[str, ...] = ()
 
     def accepts(self, dtype: str) -> bool:
         """Whether it takes tensors of ``dtype`` (a name): ``get("cerar").accepts("int32")`` is False."""
@@ -138,6 +143,8 @@ class AlgorithmSpec:
             out.append(f"phases must map some of reduce, copy, coded to names, got {self.phases!r}")
         if not isinstance(self.shared_buffers, bool):
             out.append(f"shared_buffers must be True or False, got {self.shared_buffers!r}")
+        if not isinstance(self.needs, tuple) or not set(self.needs) <= set(NEEDS):
+            out.append(f"needs must be a tuple of {', '.join(NEEDS)}, got {self.needs!r}")
         if not isinstance(self.explanation, str):
             out.append(f"explanation must be a string, got {self.explanation!r}")
         if not isinstance(self.options, dict):

@@ -4,7 +4,7 @@
 lives in ``common.py`` beside what every command shares, and each command family registers on
 it when its module is imported here:
 
-- ``models``: compare, simulate, tune, explain (the models of time; nothing runs)
+- ``models``: compare, simulate; ``choice``: tune, explain (the models of time; nothing runs)
 - ``catalog``: list, cerar (what is registered; CERAR's designs)
 - ``benchmark``: bench; ``calibration``: calibrate (worker processes, timed)
 - ``training``: train, also on elastic agents
@@ -12,7 +12,7 @@ it when its module is imported here:
 - ``records``: doctor, trace compare, trace merge (what runs left behind)
 """
 
-from . import benchmark, calibration, catalog, models, records, serve, training   # noqa: F401  (they register)
+from . import benchmark, calibration, catalog, choice, models, records, serve, training   # noqa: F401  (they register)
 from .common import main
 
 __all__ = ["main"]

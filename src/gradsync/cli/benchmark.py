@@ -89,18 +89,20 @@ def _environment(changes):
                 os.environ[name] = value
 
 
-def _predictor(topology, chosen, options, dtype, workers):
-    """Bench's ``--topology``, resolved and placed for every algorithm before anything is launched."""
+def _predictor(topology, chosen, names, options, dtype, workers):
+    """Bench's ``--topology``, placed for every algorithm before anything is launched, and the
+    algorithms to run: the default list less what the topology cannot run (named once)."""
+    from .models import _runnable_only
     if topology is None:
-        return None
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:      # under torchrun, the group's size
-        workers = int(os.environ["WORLD_SIZE"])
+        return None, chosen
+    workers = int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else workers
     topo = _topology(topology, workers)
+    chosen = chosen if names is not None else _runnable_only(chosen, None, topo, workers)
     for name in [a for a in chosen if a != "auto"]:           # refuses e.g. 'host' on a topology without one
         opts = {**default_options(name, topo, workers), **options.get(name, {})}
         opts.pop("compression", None)
         simulate(algorithms.build(name, workers, 0, dtype=dtype, **opts), topo, dtypes.itemsize(dtype))
-    return topo
+    return topo, chosen
 
 
 def _launch(backend, engine, workers, args, timeout, hostfile, link_bandwidth, trace_path):
@@ -160,7 +162,6 @@ def _local_where(workers, link_bandwidth):
 def _transports_noted(where, rows):
     """``where`` with the shared-memory rows named: gradsync's rows all over it, or the ring also."""
     from ..tools.bench import NATIVE
-
     used = {r["transport"] for r in rows if r["algorithm"] != NATIVE}
     if used == {"shm"}:
         return where + "; gradsync's rows over shared memory"
@@ -196,19 +197,19 @@ def _bench_mpi(workers, args, timeout, link_bandwidth, hostfile=None):
 
 def _predict(rows, topo, options, codec, dtype, workers):
     """Each row's time as the simulator predicts it on ``topo`` (a codec's row: its wire
-    simulated plus its compute) and the prediction's error against the measured time."""
-    from ..tools.bench import NATIVE
-
+    simulated plus its compute; a shared-buffer row: its memory bound plus the calibrated fixed
+    costs, ``memory_bound.predicted_s``) and the prediction's error against the measured time."""
+    from ..tools import bench, codec_predict, memory_bound       # (bench imports torch already)
     for r in rows:
-        if r["algorithm"] == "auto":
+        name = r.get("bound_algorithm") or ("ring" if r["algorithm"] == bench.NATIVE else r["algorithm"])
+        opts = {**default_options(name, topo, workers), **options.get(name, {})} if name != "auto" else {}
+        if "bound_s" in r:          # shared buffers: their memory bound plus the calibrated fixed costs
+            sched = algorithms.build(name, workers, r["count"], dtype=dtype)
+            r["predicted_s"] = memory_bound.predicted_s(r["bound_s"], sched.rounds, topo.node(topo.workers[0]))
+        elif name == "auto":
             r["predicted_s"] = _auto_prediction(topo, r["count"], dtype, workers)
-            r["prediction_error"] = (r["predicted_s"] - r["time_s"]) / r["time_s"] if r["time_s"] else 0.0
-            continue
-        name = "ring" if r["algorithm"] == NATIVE else r["algorithm"]
-        opts = {**default_options(name, topo, workers), **options.get(name, {})}
-        if opts.pop("compression", None) is not None and r["algorithm"] != NATIVE:
-            from ..tools.codec_predict import predict as predict_codec
-            r["predicted_s"] = predict_codec(codec, name, topo, r["count"], workers, opts)["time_s"]
+        elif opts.pop("compression", None) is not None and r["algorithm"] != bench.NATIVE:
+            r["predicted_s"] = codec_predict.predict(codec, name, topo, r["count"], workers, opts)["time_s"]
         else:
             sched = algorithms.build(name, workers, r["count"], dtype=dtype, **opts)
             r["predicted_s"] = simulate(sched, topo, dtypes.itemsize(dtype)).time
@@ -218,7 +219,6 @@ def _predict(rows, topo, options, codec, dtype, workers):
 def _auto_prediction(topo, count, dtype, workers):
     """What "auto" is predicted to take: the least simulated time of the exact algorithms on ``topo``."""
     from ..errors import GradsyncError
-
     best = None
     for name in algorithms.names():
         spec = algorithms.get(name)
@@ -374,7 +374,7 @@ def bench(workers, names, sizes, min_size, max_size, iters, dtype, components, b
     with _environment(_bench_environment(flight_dir)):
         options, codec = _bench_options(chosen, components, codec, backend, dtype)
         byte_sizes = _sizes(sizes, min_size, max_size, dtype)
-        topo = _predictor(topology, chosen, options, dtype, workers)     # a bad topology first: it costs nothing
+        topo, chosen = _predictor(topology, chosen, names, options, dtype, workers)   # a bad topology first
         estimated = None if hostfile or backend == "mpi" or launched() is not None else \
             _check_fits(byte_sizes, workers, chosen, dtype, iters, int(engine.shared_rows), sizes is not None)
         if estimated is not None and sys.stderr.isatty() and fmt == "table":

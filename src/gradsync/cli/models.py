@@ -1,4 +1,5 @@
-"""The commands that ask the models of time, running nothing: compare, simulate, tune, explain.
+"""The commands that ask the models of time, running nothing: compare and simulate (tune and
+explain, which choose: ``choice.py``).
 
 >>> _parse_options(["segments=16", "construction=unity"])
 {'segments': 16, 'construction': 'unity'}
@@ -10,11 +11,10 @@ import json
 import time
 
 import click
-import numpy as np
 
 from . import common
-from .common import (Size, _affordable, _chosen, _codecs, _elements, _emit, _png, _print_table, _steps, _topology,
-                     _tuned_topology, _writable, _write_json, compression_option, dtype_option, format_option, main,
+from .common import (Size, _affordable, _chosen, _codecs, _elements, _emit, _print_table, _steps, _topology,
+                     _writable, _write_json, compression_option, dtype_option, format_option, main,
                      topology_option, workers_option)
 from .. import algorithms, dtypes
 from ..algorithms import _compact
@@ -22,7 +22,6 @@ from ..errors import ConfigError
 from ..model.cost import default_options, net_for, predict, uniform
 from ..model.simulate import simulate
 from ..model.simulate.result import EXPAND_ON_LOAD
-from ..model.tune import table
 from ..tools.report import bus_bandwidth
 from ..units import format_size, format_time
 
@@ -35,6 +34,7 @@ TABLE_WORKERS = (1024, "{algorithm} has no compact form here, so every transfer 
                        "million transfers (a ring of 1024 workers) took 4.8 s of CPU and 0.5 GB, one of 33 million "
                        "(4096 workers) did not finish in 5 minutes")
 COST_PER, BYTES_PER_WORKER = {"flows": (1.2e-5, 700), "transfers": (2.5e-6, 250)}, 4_000
+COMPARE_TABLE = 1 << 18      # transfers: a larger table (NCCL's tree on hundreds of GPUs) is compared by its closed form
 
 
 def _parse_options(pairs) -> dict:
@@ -81,28 +81,37 @@ def _bandwidths_GBps(nbytes, seconds, workers):
 
 
 def _compare_row(name, topo, n, elements, dtype, components, names):
-    """compare's row for algorithm ``name``: simulated and closed-form time, busiest link, algbw
-    and busbw, error; None for CERAR's default design refused in this dtype when not asked for."""
+    """compare's row for algorithm ``name``: simulated (or, where simulating is unaffordable, the
+    closed form's: ``predicted_by``) and closed-form time, busiest link, algbw and busbw, error, on
+    a GPU machine its fastest protocol; None for CERAR's default design refused in this dtype
+    when not asked for."""
     itemsize = dtypes.itemsize(dtype)
     nbytes = elements * itemsize
     options = default_options(name, topo, n)
     if "components" in algorithms.get(name).options:
         options["components"] = components
     try:
-        schedule = _compact.build(name, n, elements, **options) or \
+        schedule = (_compact.build(name, n, elements, **options) if elements >= n else None) or \
             algorithms.build(name, n, elements, dtype=dtype, **options)         # CERAR: its best design
     except ConfigError:
         if names is not None or components is not None or algorithms.get(name).exact:
             raise
         return None         # not asked for: CERAR's default design refused in float16, as it is for int32
-    result = simulate(schedule, topo, itemsize)
-    link, link_bytes = result.busiest_channel()
-    options = {k: v for k, v in options.items() if k not in ("construction",)}
-    algbw, busbw = _bandwidths_GBps(nbytes, result.time, n)
-    row = {"algorithm": name, "time_s": result.time,
-           "closed_form_s": predict(name, topo, n, nbytes, itemsize, **options),
+    affordable = getattr(schedule, "transfer_count", None) is not None or len(schedule.transfers) <= COMPARE_TABLE
+    protocol, result = _fastest_protocol(schedule, topo, itemsize) if affordable else (None, None)
+    closed = {k: v for k, v in options.items() if k not in ("construction",)}
+    if result is None:           # a table too large to simulate here: the closed form, said so
+        protocol = topo.gpu.default if topo.gpu else None
+        seconds, how, link, link_bytes = predict(name, topo, n, nbytes, itemsize, protocol, **closed), \
+            "closed form", "-", 0.0
+    else:
+        seconds, how, (link, link_bytes) = result.time, "simulator", result.busiest_channel()
+    algbw, busbw = _bandwidths_GBps(nbytes, seconds, n)
+    row = {"algorithm": name, "time_s": seconds, "predicted_by": how, "protocol": protocol,
+           "closed_form_s": predict(name, topo, n, nbytes, itemsize, protocol, **closed),
            "busiest_link": link, "busiest_link_bytes": link_bytes,
-           "algbw_GBps": algbw, "busbw_GBps": busbw, "error": _predicted_error(schedule, dtype)}
+           "algbw_GBps": algbw, "busbw_GBps": busbw,
+           "error": _predicted_error(schedule, dtype)}
     if "components" in schedule.options:
         row["components"] = schedule.options["components"]
     if name == "ring":
@@ -113,12 +122,39 @@ def _compare_row(name, topo, n, elements, dtype, components, names):
     return row
 
 
+def _fastest_protocol(schedule, topo, itemsize):
+    """On a GPU machine the protocol (of those it offers; NVLS, NVLS-tree and PAT take Simple
+    alone, as NCCL runs them) with the least simulated time, and that simulation; elsewhere
+    (None, the simulation)."""
+    from ..model.tune import SIMPLE_ONLY
+    if topo.gpu is None:
+        return None, simulate(schedule, topo, itemsize)
+    offered = ("simple",) if schedule.algorithm in SIMPLE_ONLY else topo.gpu.protocols
+    results = {p: simulate(schedule, topo, itemsize, protocol=p) for p in offered}
+    best = min(results, key=lambda p: results[p].time)
+    return best, results[best]
+
+
+def _runnable_only(chosen, names, topo, n):
+    """``chosen`` less the algorithms the topology cannot run, named once on stderr (one line and
+    exit code 2 when the user named one of them)."""
+    from ..model.tune import skipped
+    gone = skipped(topo, n, chosen)
+    if gone and names is not None:
+        raise click.BadParameter(next(iter(gone.values())), param_hint="'--algorithms'")
+    if gone:
+        click.echo("gradsync: note: left out, as this topology cannot run them: " + "; ".join(gone.values()), err=True)
+    return [a for a in chosen if a not in gone]
+
+
 def _render_compare(rows, topo, n, nbytes, dtype, codecs):
     click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {n} workers, {format_size(nbytes)} {dtype}")
-    _print_table(["algorithm", "simulated", "closed form", "busiest link", "bytes on it", "algbw",
-                  "busbw", "error"],
-                 [[r["algorithm"] + (f" c={r['components']}" if "components" in r else ""),
-                   format_time(r["time_s"]),
+    gpu = topo.gpu is not None
+    _print_table(["algorithm"] + (["protocol"] if gpu else []) + ["simulated", "closed form", "busiest link",
+                                                                 "bytes on it", "algbw", "busbw", "error"],
+                 [[r["algorithm"] + (f" c={r['components']}" if "components" in r else "")]
+                  + ([r.get("protocol") or "-"] if gpu else [])
+                  + [format_time(r["time_s"]) + ("*" if r.get("predicted_by") == "closed form" else ""),
                    format_time(r["closed_form_s"]) if r["closed_form_s"] is not None else "-",
                    r["busiest_link"], format_size(r["busiest_link_bytes"]), f"{r['algbw_GBps']:.3g} GB/s",
                    f"{r['busbw_GBps']:.3g} GB/s", f"{r['error']:.2g}" if r["error"] else "exact"]
@@ -126,6 +162,13 @@ def _render_compare(rows, topo, n, nbytes, dtype, codecs):
     if codecs:
         click.echo("codec rows (+): simulated wire plus the codec's compute measured here; for them 'bytes on it' "
                    "is the most one worker sends, and the error is one step's on Gaussian gradients")
+    if any(r.get("predicted_by") == "closed form" for r in rows):
+        click.echo(f"*: the closed form's time: a table of more than {COMPARE_TABLE:,} transfers is not simulated here")
+    if gpu:
+        click.echo("protocol: the NCCL protocol each algorithm is fastest with here (LL, LL128, Simple: their "
+                   "bytes on the wire and latency per step, docs/validation.md)")
+        for note in topo.gpu.notes:
+            click.echo(f"note: {note}")
     if not uniform(topo, n):
         click.echo("note: closed forms assume every pair of workers meets through one switch, at the "
                    "slowest route between neighbouring workers; routes differ on this topology, so the "
@@ -163,7 +206,7 @@ def compare(topology, size, workers, dtype, names, components, codecs, fmt):
     n = len(topo.workers)
     elements = _elements(size, dtype)
     nbytes = elements * dtypes.itemsize(dtype)
-    chosen = _affordable(_chosen(names, dtype), names, n)
+    chosen = _runnable_only(_affordable(_chosen(names, dtype), names, n), names, topo, n)
     step, rows = _steps(len(chosen), "compare"), []
     for name in chosen:
         step(f"{name} on {n} workers")
@@ -239,8 +282,10 @@ def _save_simulation(result, out, trace_path):
                    "for millions of transfers) or JSON (any other name).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help="Write a Chrome trace (ui.perfetto.dev): a track per worker, a utilisation counter per busy link.")
+@click.option("--protocol", type=click.Choice(["ll", "ll128", "simple"]), default=None,
+              help="On a GPU machine, the NCCL protocol the transfers move by (default: Simple).")
 @format_option
-def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, fmt):
+def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, trace_path, protocol, fmt):
     """Simulate one all-reduce on a topology; optionally write its timeline (.npz or JSON) or a trace."""
     for path, option in ((out, "--out"), (trace_path, "--trace")):
         if path:
@@ -254,14 +299,17 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
     if trace_path:
         from ..tools.trace_files import check_size
         check_size(schedule)          # before a long simulation
-    result = simulate(schedule, topo, dtypes.itemsize(dtype), progress=_reporter(n))
+    result = simulate(schedule, topo, dtypes.itemsize(dtype), progress=_reporter(n), protocol=protocol)
     summary = {**result.to_dict(timeline=False), **({"classes_s": list(result.classes)} if result.classes else {})}
     summary["links"] = sorted(summary["links"], key=lambda l: -l["bytes"])[:10]
     _save_simulation(result, out, trace_path)
 
     def render(s):
         click.echo(f"{algorithm} on {topo.name}, {n} workers, {format_size(s['bytes'])}: "
-                   f"{format_time(s['time_s'])} in {s['rounds']} rounds")
+                   f"{format_time(s['time_s'])} in {s['rounds']} rounds"
+                   + (f", protocol {s['protocol']}" if s.get("protocol") else ""))
+        for note in topo.gpu.notes if topo.gpu else ():
+            click.echo(f"note: {note}")
         if "classes_s" in s:
             click.echo(f"chunks of unequal sizes: {format_time(s['classes_s'][1])} with every chunk at its largest, "
                        f"{format_time(s['classes_s'][0])} at its smallest (docs/simulator.md: how near the exact time)")
@@ -272,129 +320,3 @@ def simulate_cmd(algorithm, topology, size, workers, dtype, option_pairs, out, t
                 click.echo(what.format(path))
 
     _emit(fmt, summary, render)
-
-
-def _render_tune(o, rows, topo, plot):
-    click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {o['workers']} workers")
-    names = list(rows[0]["times_s"])
-    short = {a: a.replace("(components=", " c=").replace("(", " ").replace(")", "") for a in names}
-    _print_table(["size", "best"] + [short[a] for a in names],
-                 [[format_size(r["bytes"]), short[r["best"]]] + [format_time(r["times_s"][a]) for a in names]
-                  for r in rows])
-    for c in o["crossovers"]:
-        click.echo(f"crossover at {format_size(c['bytes'])}: {c['below']} below, {c['above']} above")
-    for name, error in o["codec_errors"].items():
-        click.echo(f"{name}: relative error {error:.2g} on one step of Gaussian gradients")
-    if plot:
-        click.echo(f"plot written to {plot}")
-
-
-@main.command()
-@topology_option
-@workers_option
-@dtype_option
-@click.option("--min-size", type=Size(), default="1KB", show_default=True)
-@click.option("--max-size", type=Size(), default="1GB", show_default=True)
-@click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
-              help="Allow CERAR designs whose predicted relative error is within this budget.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Draw predicted time against size per algorithm, crossovers marked, to this PNG.")
-@compression_option
-@format_option
-def tune(topology, workers, dtype, min_size, max_size, max_error, plot, codecs, fmt):
-    """Print the fastest algorithm per message size and the sizes where the choice changes.
-
-    Each ``--compression`` adds a column for that codec over the ring (wire simulated, compute
-    at the rate measured here), which can be the best; crossovers are among the uncompressed.
-    """
-    _png(plot)
-    codecs = _codecs(codecs)
-    topo = _tuned_topology(topology, workers, max_error)
-    _elements(min_size, dtype, "--min-size")
-    _elements(max_size, dtype, "--max-size")
-    if not 0 < min_size <= max_size:
-        raise click.BadParameter(f"need 0 < --min-size <= --max-size, got {min_size} and {max_size}")
-    itemsize = dtypes.itemsize(dtype)
-    sizes = np.unique(np.geomspace(max(min_size, itemsize), max_size,
-                                   int(np.log2(max_size / max(min_size, itemsize))) // 2 + 2).astype(np.int64))
-    rows, crossovers = table(topo, sizes, itemsize, max_error=max_error,
-                             dtype=dtype if dtype in ("float32", "float64") else "float32")
-    errors = {}
-    for r in rows:
-        for c in _codec_rows(codecs, topo, len(topo.workers), max(1, r["bytes"] // itemsize)):
-            r["times_s"][c["algorithm"]] = c["time_s"]
-            errors[c["algorithm"]] = c["error"]
-        r["best"] = min(r["times_s"], key=r["times_s"].get)
-    out = {"topology": topo.name, "workers": len(topo.workers), "rows": rows, "codec_errors": errors,
-           "crossovers": [{"bytes": c.nbytes, "below": c.below, "above": c.above} for c in crossovers]}
-    if plot:
-        from ..tools.plots import tune_plot
-        tune_plot(rows, out["crossovers"], plot, f"{topo.name}, {len(topo.workers)} workers, {dtype}: predicted time")
-    _emit(fmt, out, lambda o: _render_tune(o, rows, topo, plot))
-
-
-def _bench_rows(path):
-    """Bench rows from a 'bench --format json' file; one line naming the file if it is not one."""
-    try:
-        with open(path) as fh:
-            rows = json.load(fh)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {path!r}: {exc.strerror}", param_hint="'--measured'")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"{path!r} is not JSON: {exc}", param_hint="'--measured'")
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"algorithm", "bytes", "time_s"} <= set(r)
-                                             for r in rows):
-        raise click.BadParameter(f"{path!r} is not the output of 'gradsync bench --format json' (a list of rows "
-                                 f"with algorithm, bytes and time_s)", param_hint="'--measured'")
-    return rows
-
-
-def _render_explain(o, topo, n, dtype, measured):
-    click.echo(f"{topo.name}: {topo.description or f'{len(topo.links)} links'}; {n} workers, {format_size(o['bytes'])} {dtype}")
-    headers = ["candidate", "predicted", "latency", "bandwidth", "reduction", "codec", "bottleneck link"]
-    if measured:
-        headers.append("measured")
-    lines = []
-    for r in sorted(o["candidates"], key=lambda r: r["predicted_s"]):
-        line = [r["candidate"], format_time(r["predicted_s"])] + \
-            [format_time(r[k]) for k in ("latency", "bandwidth", "reduction", "codec")] + \
-            [f"{r['bottleneck']} ({r['bottleneck_busy']:.0%} busy)" if r["bottleneck"] else "-"]
-        if measured:
-            line.append("-" if r["measured_s"] is None else format_time(r["measured_s"]))
-        lines.append(line)
-    _print_table(headers, lines)
-    best = next(r for r in o["candidates"] if r["candidate"] == o["winner"])
-    click.echo(f"winner: {o['winner']}" + (f"; the next best, {o['runner_up']}, is predicted {o['margin']:.1%} slower"
-                                          if o["margin"] is not None else "")
-               + f"; its time is mostly {o['winner_dominant_term']} "
-                 f"({best[o['winner_dominant_term']] / (best['closed_form'] or 1):.0%} of its closed form)")
-    click.echo(f"predicted: the {best['predicted_by']}'s time, as tune compares; the terms split the closed form, "
-               f"which matches the simulator where every pair of workers meets through one switch (there auto "
-               f"uses it)")
-
-
-@main.command("explain")
-@topology_option
-@click.option("--size", "-s", type=Size(), default="160MB", show_default=True, help="Message size, e.g. 64MB.")
-@workers_option
-@dtype_option
-@click.option("--algorithms", "names", default=None,
-              help="Comma-separated candidates (default: the ones auto weighs, every exact one).")
-@click.option("--max-error", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=None,
-              help="Weigh CERAR designs whose predicted relative error is within this budget, as tune does.")
-@click.option("--measured", type=click.Path(dir_okay=False), default=None,
-              help="Rows of 'gradsync bench --format json' (after calibrate): measured time beside each prediction.")
-@format_option
-def explain_cmd(topology, size, workers, dtype, names, max_error, measured, fmt):
-    """Why auto picks what it picks: every candidate's predicted time split into latency, bandwidth,
-    reduction and codec terms, its bottleneck link, the winner and its margin."""
-    from ..model.explain import explain
-
-    topo = _tuned_topology(topology, workers, max_error)
-    n, itemsize = len(topo.workers), dtypes.itemsize(dtype)
-    elements = _elements(size, dtype)
-    rows = _bench_rows(measured) if measured else None
-    candidates = _affordable(_chosen(names, dtype), names, n) if names is not None else None
-    out = explain(topo, elements * itemsize, itemsize, n, candidates, max_error,
-                  dtype if dtype in ("float32", "float64") else "float32", rows)
-    _emit(fmt, out, lambda o: _render_explain(o, topo, n, dtype, rows is not None))

@@ -13,11 +13,16 @@ transfers, 8.6e9 at 65,536 workers); the compact form keeps the program and the 
   nested split of the buffer (``levels``: (group dimension, parts)), -1 for "the whole of it";
   from level ``flat`` on, the digits index one split into the levels' product of chunks.
   Rotating by g adds g's digit of that dimension to the chunk digit, so rotated copies of a
-  transfer move the rotated chunk.
+  transfer move the rotated chunk. A level of dimension -1 does not rotate: its digit is the
+  same in every copy (NCCL's rail rings: which chunk of a ring's machine-sized stretch, the
+  part a rotation of machines leaves in place).
+- **lanes**: where a schedule runs several paths at once (NCCL's channels), ``lane_level``
+  names the level whose digit, rotated, is each transfer's lane in the expanded table.
 
 Segments come from the same arithmetic as ``chunk_bounds``, so a size that N does not divide
 keeps the compact form: its chunks differ by one element and fall in two size classes per
-level. ``expand()`` gives today's ``Schedule`` table (for the runtime, the view, JSON).
+level. ``expand()`` gives today's ``Schedule`` table (for the runtime, the view, JSON);
+``verify()`` checks the schedule without it (``core.compact_check``).
 
 >>> from gradsync.algorithms import ring
 >>> c = ring.compact(4, 100)
@@ -70,6 +75,7 @@ class CompactSchedule:
     count_class: str | None = None           # None: exact; "low"/"high": a bound (see with_counts)
     flat: int | None = None                  # levels from this one on index one split into prod(parts)
                                              # chunks of the nested chunk (free digits: a run), not nested
+    lane_level: int | None = None            # the level whose (rotated) digit is a transfer's lane
 
     def __post_init__(self):
         if int(np.prod(self.shape)) != self.workers or min(self.shape, default=1) < 1:
@@ -80,6 +86,10 @@ class CompactSchedule:
             raise ScheduleError("the program must be sorted by round")
         if self.count_class not in COUNT_CLASSES:
             raise ScheduleError(f"count_class must be one of {COUNT_CLASSES}, got {self.count_class!r}")
+        if any(not -1 <= dim < len(self.shape) for dim, _ in self.levels):
+            raise ScheduleError(f"levels {self.levels}: each rotates with a dimension of {self.shape} or -1 (none)")
+        if self.lane_level is not None and not 0 <= self.lane_level < len(self.levels):
+            raise ScheduleError(f"lane_level must name one of the {len(self.levels)} levels, got {self.lane_level!r}")
 
     @property
     def nodes(self) -> int:
@@ -143,7 +153,8 @@ class CompactSchedule:
         """The same program with every chunk at its level's smallest (``"low"``) or largest
         (``"high"``) size: two schedules of equal chunks that bracket this one's time."""
         return CompactSchedule(self.algorithm, self.workers, self.elements, self.shape, self.levels, self.program,
-                               self.digits, self.helpers, self.options, self.lexsorted, count_class, self.flat)
+                               self.digits, self.helpers, self.options, self.lexsorted, count_class, self.flat,
+                               self.lane_level)
 
     def segments(self, digits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Offsets and counts of chunk ``digits`` (rows of ``digits``' form), as the builders'
@@ -189,11 +200,11 @@ class CompactSchedule:
         return np.where(worker, out, nodes)
 
     def rotate_digits(self, digits: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Chunk digits moved by group elements ``g`` (-1 stays -1)."""
+        """Chunk digits moved by group elements ``g`` (-1 stays -1; a level of dimension -1 stays)."""
         out = np.empty(np.broadcast_shapes(digits.shape[:-1], g.shape[:-1]) + (len(self.levels),), np.int64)
         for k, (dim, parts) in enumerate(self.levels):
             d = digits[..., k]
-            out[..., k] = np.where(d >= 0, (d + g[..., dim]) % parts, -1)
+            out[..., k] = d if dim < 0 else np.where(d >= 0, (d + g[..., dim]) % parts, -1)
         return out
 
     def elements_of(self, strides: tuple[int, ...]) -> np.ndarray:
@@ -202,10 +213,10 @@ class CompactSchedule:
         grids = np.meshgrid(*(np.arange(s) for s in strides), indexing="ij")
         return np.stack([g.ravel() for g in grids], axis=-1).astype(np.int64) if grids else np.zeros((1, 0), np.int64)
 
-    def block(self, strides: tuple[int, ...]) -> np.ndarray:
+    def block(self, strides: tuple[int, ...], lanes: bool = False):
         """The program rotated by every element of ``elements_of(strides)``: the transfers whose
         copies under the subgroup of multiples of ``strides`` give the whole schedule, as a
-        TRANSFER_DTYPE table ordered program row first."""
+        TRANSFER_DTYPE table ordered program row first (with ``lanes``, and each one's lane)."""
         g = self.elements_of(strides)[None, :, :]
         p = self.program[:, None]
         out = np.empty((len(self.program), g.shape[1]), TRANSFER_DTYPE)
@@ -214,20 +225,24 @@ class CompactSchedule:
         moved = self.rotate_digits(self.digits[:, None, :], g).reshape(out.size, len(self.levels))
         offset, count = self.segments(moved)
         out["offset"], out["count"] = offset.reshape(out.shape), count.reshape(out.shape)
-        return out.reshape(-1)
+        if not lanes:
+            return out.reshape(-1)
+        lane = None if self.lane_level is None else moved[:, self.lane_level].astype(np.int16)
+        return out.reshape(-1), lane
 
     # --- the table -------------------------------------------------------------------------
     @cached_property
     def _expanded(self) -> tuple[Schedule, np.ndarray]:
-        table = self.block(self.shape)
+        table, lane = self.block(self.shape, lanes=True)
         row = np.repeat(np.arange(len(self.program)), self.workers)
         if self.lexsorted:
             order = np.lexsort((table["dst"], table["src"], table["round"]))
             table, row = table[order], row[order]
+            lane = None if lane is None else lane[order]
         if (table["count"] <= 0).any():
             raise ScheduleError("a compact schedule's transfers must all move something")
         schedule = Schedule(self.algorithm, self.workers, self.elements, table, helpers=self.helpers,
-                            options=dict(self.options))
+                            options=dict(self.options), lane=lane)
         return schedule, row
 
     def expand(self) -> Schedule:
@@ -260,11 +275,17 @@ class CompactSchedule:
             index = index * strides[i] + digit
         return row * int(np.prod(strides)) + index
 
+    def verify(self) -> None:
+        """``core.schedule.verify`` without expanding the table (``core.compact_check``)."""
+        from .compact_check import verify
+        verify(self)
+
     def to_dict(self) -> dict:
         """A JSON-ready description: the program, its chunk digits and the group."""
         return {"format": "gradsync.compact/1", "algorithm": self.algorithm, "workers": self.workers,
                 "elements": self.elements, "shape": list(self.shape), "levels": [list(x) for x in self.levels],
                 "helpers": list(self.helpers), "options": self.options, "lexsorted": self.lexsorted, "flat": self.flat,
+                "lane_level": self.lane_level,
                 "program": {n: self.program[n].tolist() for n in PROGRAM_DTYPE.names},
                 "digits": self.digits.tolist()}
 
@@ -283,7 +304,7 @@ class CompactSchedule:
             return cls(str(data["algorithm"]), int(data["workers"]), int(data["elements"]),
                        tuple(int(d) for d in data["shape"]), levels, table, digits, tuple(data.get("helpers", ())),
                        dict(data.get("options") or {}), bool(data.get("lexsorted", False)),
-                       flat=data.get("flat"))
+                       flat=data.get("flat"), lane_level=data.get("lane_level"))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"malformed compact schedule: {type(exc).__name__}: {exc}") from None
 

@@ -13,6 +13,12 @@ Vocabulary, used in names everywhere:
   receiver either adds them into its buffer (``REDUCE``) or overwrites (``COPY``).
 - **compute**: local work in multiply-adds a node does in a round beyond its reductions
   (encoding, decoding); the simulator charges it.
+- **lane**: optionally, which of several concurrent paths a transfer belongs to (NCCL calls
+  them channels: the rings of a multi-channel ring, the trees of a double binary tree). Lanes
+  are one small integer per transfer (``Schedule.lane``, None when a schedule has one path);
+  no reader needs them to run or time a schedule, they say which ring a transfer is part of
+  (the browser colours each lane). gradsync says lane because the simulator's *channels* are
+  the directions of links.
 
 A worker moves to its next round when the transfers of its previous round are done, so
 rounds are a per-worker order, not a global barrier.
@@ -34,6 +40,7 @@ OP_NAMES = ("reduce", "copy", "coded")
 TRANSFER_DTYPE = np.dtype([("round", np.int32), ("src", np.int32), ("dst", np.int32),
                            ("offset", np.int64), ("count", np.int64), ("op", np.uint8)])
 COMPUTE_DTYPE = np.dtype([("round", np.int32), ("node", np.int32), ("madds", np.int64)])
+LANE_DTYPE = np.dtype(np.int16)
 
 
 def chunk_bounds(elements: int, parts: int, weights=None) -> np.ndarray:
@@ -93,11 +100,18 @@ class Schedule:
     compute: np.ndarray = field(default_factory=lambda: np.empty(0, COMPUTE_DTYPE))
     options: dict = field(default_factory=dict)
     codec: dict | None = None  # for CODED transfers: the name and parameters of the codec
+    lane: np.ndarray | None = None   # per transfer, its lane (NCCL's channel), or None: one lane
 
     def __post_init__(self):
         rounds = self.transfers["round"]
+        lane = None if self.lane is None else np.asarray(self.lane, LANE_DTYPE).reshape(-1)
+        if lane is not None and len(lane) != len(rounds):
+            raise ScheduleError(f"lane: expected one per transfer ({len(rounds)}), got {len(lane)}")
         if len(rounds) > 1 and (rounds[1:] < rounds[:-1]).any():   # most builders emit them in order
-            object.__setattr__(self, "transfers", self.transfers[np.argsort(rounds, kind="stable")])
+            order = np.argsort(rounds, kind="stable")
+            object.__setattr__(self, "transfers", self.transfers[order])
+            lane = None if lane is None else lane[order]
+        object.__setattr__(self, "lane", None if lane is None else _frozen(lane))
         object.__setattr__(self, "transfers", _frozen(self.transfers))
         object.__setattr__(self, "compute", _frozen(self.compute))
         object.__setattr__(self, "helpers", tuple(self.helpers))
@@ -127,14 +141,17 @@ class Schedule:
 
     # --- serialization -------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """A JSON-ready dict; transfers are stored column by column."""
-        return {
+        """A JSON-ready dict; transfers are stored column by column (and their lanes, if any)."""
+        out = {
             "format": "gradsync.schedule/1",
             "algorithm": self.algorithm, "workers": self.workers, "elements": self.elements,
             "helpers": list(self.helpers), "options": self.options, "codec": self.codec,
             "transfers": {n: self.transfers[n].tolist() for n in TRANSFER_DTYPE.names},
             "compute": {n: self.compute[n].tolist() for n in COMPUTE_DTYPE.names},
         }
+        if self.lane is not None:
+            out["lane"] = self.lane.tolist()
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -159,7 +176,8 @@ class Schedule:
                        elements=int(data["elements"]), helpers=tuple(data.get("helpers", ())),
                        transfers=table(data["transfers"], TRANSFER_DTYPE),
                        compute=table(data["compute"], COMPUTE_DTYPE),
-                       options=dict(data.get("options") or {}), codec=data.get("codec"))
+                       options=dict(data.get("options") or {}), codec=data.get("codec"),
+                       lane=None if data.get("lane") is None else np.asarray(data["lane"], LANE_DTYPE))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"malformed schedule: {type(exc).__name__}: {exc}") from None
 
@@ -185,14 +203,16 @@ def verify(schedule: Schedule) -> None:
     worker ends holding every worker's input exactly once. CODED transfers carry encoded
     packets whose meaning belongs to a codec, so only their structure is checked here.
 
-    A compact schedule (``core.compact``) is checked on its expanded table.
+    A compact schedule (``core.compact``) is checked from its program and group, without
+    expanding it (``core.compact_check``).
 
     >>> from gradsync.algorithms import ring
     >>> verify(ring.schedule(5, 13)), verify(ring.compact(5, 13))
     (None, None)
     """
     if hasattr(schedule, "expand"):        # a compact schedule
-        schedule = schedule.expand()
+        schedule.verify()
+        return
     s, t = schedule, schedule.transfers
     if s.workers < 1 or s.elements < 0:
         _fail(f"need workers >= 1 and elements >= 0, got {s.workers} and {s.elements}")

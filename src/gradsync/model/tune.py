@@ -1,8 +1,11 @@
-"""Choosing the fastest algorithm for a topology and a message size.
+"""Choosing the fastest algorithm (and, on a GPU machine, NCCL protocol) for a topology and a
+message size.
 
-Predictions come from the simulator (which sees contention on meshes) for up to
-``SIMULATE_UP_TO`` workers and from the closed forms beyond, where simulating the quadratic
-schedules (sharded) would cost more than it tells.
+Predictions come from the simulator wherever it is affordable: every algorithm with a compact
+form at any size (one block of workers), every other one up to ``SIMULATE_UP_TO`` workers.
+Beyond, the closed form stands in, and each prediction says which it is (``predicted_by``).
+Algorithms the topology cannot run (a host, a switch that reduces: ``cost.runnable``) are left
+out, and ``skipped`` names them with the reason.
 """
 
 from __future__ import annotations
@@ -13,25 +16,28 @@ from functools import lru_cache
 import numpy as np
 
 from .. import algorithms
-from .cost import default_options, predict, uniform
+from .cost import default_options, predict, runnable, uniform
 from ..errors import ConfigError
 from .simulate import simulate
 from .topology import Topology
 
 SIMULATE_UP_TO = 64
 CERAR_COMPONENTS = (1.0, 1.5, 2.0, 3.0, 4.0)   # multiples of N tried when an error budget is given
+SIMPLE_ONLY = ("nvls", "nvls_tree", "pat")      # NCCL runs NVLS, NVLS-tree and PAT with Simple alone
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """An algorithm with its options, as ``auto`` considers it."""
+    """An algorithm with its options (and on a GPU machine its protocol), as ``auto`` considers it."""
 
     algorithm: str
     options: tuple = ()            # sorted (key, value) pairs, hashable for caching
+    protocol: str | None = None    # NCCL's protocol (ll, ll128, simple) on a GPU topology; None: its default
 
     @property
     def label(self) -> str:
-        return self.algorithm + ("(" + ", ".join(f"{k}={v}" for k, v in self.options) + ")" if self.options else "")
+        options = "(" + ", ".join(f"{k}={v}" for k, v in self.options) + ")" if self.options else ""
+        return self.algorithm + options + (f"/{self.protocol}" if self.protocol else "")
 
     def kwargs(self) -> dict:
         return dict(self.options)
@@ -67,15 +73,45 @@ def default_candidates(workers: int, dtype: str = "float32", max_error: float | 
     return out
 
 
+def gpu_candidates(topology: Topology, pool) -> list[Candidate]:
+    """On a GPU topology, every candidate once per protocol the machine offers (NVLS, NVLS-tree
+    and PAT with Simple only, as NCCL runs them); elsewhere the candidates as they are.
+
+    >>> from gradsync.model.topology import preset
+    >>> [c.label for c in gpu_candidates(preset("hgx-h100"), [Candidate("nvls"), Candidate("ring")])]
+    ['nvls/simple', 'ring/ll', 'ring/ll128', 'ring/simple']
+    """
+    if topology.gpu is None:
+        return list(pool)
+    return [Candidate(c.algorithm, c.options, p) for c in pool
+            for p in (("simple",) if c.algorithm in SIMPLE_ONLY else topology.gpu.protocols)
+            if c.protocol is None or c.protocol == p]
+
+
+def skipped(topology: Topology, workers: int, names) -> dict[str, str]:
+    """The algorithms among ``names`` the topology cannot run, each with the reason (``runnable``)."""
+    out = {}
+    for name in dict.fromkeys(names):
+        reason = runnable(name, topology, workers, default_options(name, topology, workers))
+        if reason:
+            out[name] = reason
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _predicted(candidate: Candidate, topology: Topology, workers: int, elements: int, itemsize: int,
-               dtype: str) -> float:
+               dtype: str) -> tuple[float, str]:
+    """The candidate's predicted seconds and what predicted them: "simulator" (its compact form
+    at any size, its table up to SIMULATE_UP_TO workers) or "closed form"."""
+    from ..algorithms import _compact
     options = {**default_options(candidate.algorithm, topology, workers), **candidate.kwargs()}
-    if workers <= SIMULATE_UP_TO:
-        schedule = algorithms.build(candidate.algorithm, workers, elements, dtype=dtype, **options)
-        return simulate(schedule, topology, itemsize).time
+    compact = _compact.build(candidate.algorithm, workers, elements, **options) if elements >= workers else None
+    if compact is not None or workers <= SIMULATE_UP_TO:
+        schedule = compact or algorithms.build(candidate.algorithm, workers, elements, dtype=dtype, **options)
+        return simulate(schedule, topology, itemsize, protocol=candidate.protocol).time, "simulator"
     options.pop("construction", None)
-    return predict(candidate.algorithm, topology, workers, elements * itemsize, itemsize, **options)
+    return predict(candidate.algorithm, topology, workers, elements * itemsize, itemsize, candidate.protocol,
+                   **options), "closed form"
 
 
 def _as_candidate(c) -> Candidate:
@@ -85,8 +121,25 @@ def _as_candidate(c) -> Candidate:
 def predicted_time(candidate, topology: Topology, nbytes: int, itemsize: int = 4,
                    workers: int | None = None, dtype: str = "float32") -> float:
     """Predicted seconds to all-reduce ``nbytes`` with ``candidate`` (a name or Candidate)."""
+    return prediction(candidate, topology, nbytes, itemsize, workers, dtype)[0]
+
+
+def prediction(candidate, topology: Topology, nbytes: int, itemsize: int = 4, workers: int | None = None,
+               dtype: str = "float32") -> tuple[float, str]:
+    """``predicted_time`` and what predicted it: "simulator" or "closed form"."""
     workers = len(topology.workers) if workers is None else workers
     return _predicted(_as_candidate(candidate), topology, workers, max(nbytes // itemsize, 0), itemsize, dtype)
+
+
+def pool_for(topology: Topology, workers: int, candidates=None, dtype: str = "float32",
+             max_error: float | None = None) -> list[Candidate]:
+    """The candidates tune, explain and auto weigh: those given (names or Candidates) or the
+    default ones, less those the topology cannot run (``skipped``), once per protocol on a GPU
+    machine."""
+    pool = [_as_candidate(c) for c in (candidates if candidates is not None
+                                       else default_candidates(workers, dtype, max_error))]
+    gone = skipped(topology, workers, [c.algorithm for c in pool])
+    return gpu_candidates(topology, [c for c in pool if c.algorithm not in gone])
 
 
 def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | None = None,
@@ -103,11 +156,10 @@ def choose(topology: Topology, nbytes: int, itemsize: int = 4, workers: int | No
     True
     """
     workers = len(topology.workers) if workers is None else workers
-    pool = [_as_candidate(c) for c in (candidates if candidates is not None
-                                       else default_candidates(workers, dtype, max_error))]
+    pool = pool_for(topology, workers, candidates, dtype, max_error)
     if not pool:
         raise ConfigError("no candidate algorithms to choose from")
-    if quick and uniform(topology, workers) and not topology.has_node_costs:
+    if quick and uniform(topology, workers) and not topology.has_node_costs and topology.gpu is None:
         times = [predict(c.algorithm, topology, workers, nbytes, itemsize, **c.kwargs()) for c in pool]
     else:
         times = [predicted_time(c, topology, nbytes, itemsize, workers, dtype) for c in pool]
@@ -135,16 +187,17 @@ def table(topology: Topology, sizes, itemsize: int = 4, candidates=None, workers
     [('central', 'tree'), ('tree', 'ring')]
     """
     workers = len(topology.workers) if workers is None else workers
-    pool = [_as_candidate(c) for c in (candidates if candidates is not None
-                                       else default_candidates(workers, dtype, max_error))]
+    pool = pool_for(topology, workers, candidates, dtype, max_error)
 
     def best(n):
         return choose(topology, int(n), itemsize, workers, pool, dtype=dtype).label
 
     rows = []
     for n in sizes:
-        times = {c.label: predicted_time(c, topology, int(n), itemsize, workers, dtype) for c in pool}
-        rows.append({"bytes": int(n), "best": min(times, key=times.get), "times_s": times})
+        found = {c.label: prediction(c, topology, int(n), itemsize, workers, dtype) for c in pool}
+        times = {label: t for label, (t, _) in found.items()}
+        rows.append({"bytes": int(n), "best": min(times, key=times.get), "times_s": times,
+                     "predicted_by": {label: how for label, (_, how) in found.items()}})
 
     def changes(lo, lo_best, hi, hi_best):     # every change of the best between log sizes lo and hi
         if hi - lo <= 0.02:

@@ -295,6 +295,7 @@ def worker(rank: int, workers: int, sizes, names, iters, dtype_name, timeout, op
             chosen = rates and _bound_algorithm(name, transport, row["bytes"], workers)
             if chosen and row["time_s"] > 0:
                 row["bound_s"] = memory_bound.bound_s(chosen, row["bytes"], workers, rates)
+                row["bound_algorithm"] = chosen
                 row["over_bound"] = row["time_s"] / row["bound_s"]
                 row["memory_rates_Bps"] = rates
     if bar:

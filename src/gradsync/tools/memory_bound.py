@@ -64,3 +64,11 @@ def bound_s(algorithm: str, nbytes: int, workers: int, rates: dict) -> float:
     else:
         raise ValueError(f"a memory bound is known for {', '.join(ALGORITHMS)}, not {algorithm!r}")
     return copied / rates["copy_Bps"] + summed / rates["sum_read_Bps"]
+
+
+def predicted_s(bound: float, rounds: int, node) -> float:
+    """A shared-buffer all-reduce's time from a memory model, not from links the calibration
+    measured over Gloo: its memory bound plus the calibrated fixed costs of a call on ``node`` (a
+    topology ``Node``), one per collective and one per round (each round ends in a barrier).
+    ``gradsync bench --topology`` predicts the shared-buffer rows so. ``predicted_s(1e-3, 2, node)``."""
+    return bound + (node.collective_overhead or 0.0) + rounds * (node.round_overhead or 0.0)

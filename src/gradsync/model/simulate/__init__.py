@@ -46,10 +46,11 @@ from .symmetry import _cyclic, _quotient
 __all__ = ["EXPAND_LIMIT", "SimResult", "TIMELINE_FORMAT", "TIME_COLUMNS", "load_timeline", "simulate"]
 
 EXPAND_LIMIT = 1 << 16     # transfers: a compact schedule off the symmetric path is expanded up to this many
+NARROW_CLASSES = 1e-2      # chunk sizes within 1%: the smallest class is bounded, not simulated
 
 
 def simulate(schedule: Schedule | CompactSchedule, topology: Topology, itemsize: int = 4, symmetry: bool = True,
-             expand_limit: int = EXPAND_LIMIT, progress=None) -> SimResult:
+             expand_limit: int = EXPAND_LIMIT, progress=None, protocol: str | None = None) -> SimResult:
     """Time ``schedule`` on ``topology`` with elements of ``itemsize`` bytes.
 
     Worker w runs on ``topology.workers[w]``; the helper 'host' on ``topology.host``. With
@@ -66,7 +67,12 @@ def simulate(schedule: Schedule | CompactSchedule, topology: Topology, itemsize:
     class's largest size, ``classes`` holding the times with every chunk at its smallest and
     at its largest. Where no two transfers share a channel the exact time lies between them;
     on oversubscribed links unequal chunks spread the workers' use of the shared uplinks, and
-    the exact time was up to 1.7% below the smaller (N <= 256, docs/simulator.md). ``progress(stage, value)``, if given, hears ``("flows", count)``
+    the exact time was up to 1.7% below the smaller (N <= 256, docs/simulator.md).
+
+    On a GPU topology (``topology.gpu``) the transfers move by one of NCCL's protocols
+    (``protocol``: "ll", "ll128" or "simple"; None: the topology's default): its wire bytes,
+    its latency per step and per collective, and posted sends (see ``topology.gpu``). Elsewhere
+    ``protocol`` must be None. ``progress(stage, value)``, if given, hears ``("flows", count)``
     (a compact block) or ``("transfers", count)`` (a table) before each event loop and ``("delivered", fraction)`` during it. A schedule that moves
     nothing takes no time:
 
@@ -77,18 +83,29 @@ def simulate(schedule: Schedule | CompactSchedule, topology: Topology, itemsize:
     """
     if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
         raise ConfigError(f"itemsize must be a positive integer number of bytes, got {itemsize!r}")
+    chosen = _protocol(topology, protocol)
     if isinstance(schedule, CompactSchedule):
-        return _simulate_compact(schedule, topology, itemsize, symmetry, expand_limit, progress)
+        return _simulate_compact(schedule, topology, itemsize, symmetry, expand_limit, progress, chosen)
     placement = _placement(schedule, topology)
-    net = _Net.of(topology, placement)
+    net = _Net.of(topology, placement, chosen)
     found = _cyclic(schedule) if symmetry else None
     system = _quotient(schedule, net, itemsize, *found) if found else None
     if system is None:
         system = _full(schedule, net, itemsize)
-    return _result(schedule, topology, itemsize, placement, system, progress=progress)
+    return _result(schedule, topology, itemsize, placement, system, progress=progress, protocol=chosen)
 
 
-def _result(schedule, topology, itemsize, placement, system, strides=None, progress=None) -> SimResult:
+def _protocol(topology: Topology, protocol: str | None):
+    """The ``gpu.Protocol`` a simulation on ``topology`` uses, or None (a topology of hosts)."""
+    if topology.gpu is None:
+        if protocol is not None:
+            raise ConfigError(f"protocol {protocol!r}: topology {topology.name!r} is not a GPU machine "
+                              "(it models links alone); leave the protocol out")
+        return None
+    return topology.gpu.protocol(protocol)
+
+
+def _result(schedule, topology, itemsize, placement, system, strides=None, progress=None, protocol=None) -> SimResult:
     if progress is not None:          # one block's flows run one by one; a table's, many at each event
         progress("flows" if strides is not None else "transfers", len(system.paths))
     loop = _run_scalar if small(system) else _run          # the same times, bit for bit
@@ -100,24 +117,32 @@ def _result(schedule, topology, itemsize, placement, system, strides=None, progr
     node_done = node_done[system.node_of]
     return SimResult(schedule, topology, itemsize, float(node_done.max(initial=0.0)), node_done,
                      carried[system.channel_of][:n_channels], busy[system.channel_of][:n_channels], placement,
-                     times, system.flow_round, system.orbit, strides=strides)
+                     times, system.flow_round, system.orbit, strides=strides,
+                     protocol=None if protocol is None else protocol.name)
 
 
-def _simulate_compact(c, topology, itemsize, symmetry, expand_limit, progress) -> SimResult:
+def _simulate_compact(c, topology, itemsize, symmetry, expand_limit, progress, protocol) -> SimResult:
     """The compact path: one block under a subgroup, else the expansion, else the size classes."""
     placement = _placement(c, topology)
-    net = _Net.of(topology, placement)
+    net = _Net.of(topology, placement, protocol)
     exact = _symmetric(c, topology, net, placement, itemsize, progress) if symmetry and c.equal_chunks else None
     if exact is not None:
         return exact
     if not symmetry or c.transfer_count <= expand_limit:
-        return simulate(c.expand(), topology, itemsize, symmetry, progress=progress)
-    low, high = (_symmetric(c.with_counts(k), topology, net, placement, itemsize, progress) for k in ("low", "high"))
-    if low is None or high is None:
+        return simulate(c.expand(), topology, itemsize, symmetry, progress=progress,
+                        protocol=None if protocol is None else protocol.name)
+    spread = max(((hi - lo) / hi for lo, hi in c.level_sizes() if hi), default=0.0)
+    kinds = ("high",) if spread < NARROW_CLASSES else ("low", "high")
+    found = [_symmetric(c.with_counts(k), topology, net, placement, itemsize, progress) for k in kinds]
+    if any(r is None for r in found):
         raise ConfigError(f"{c.algorithm} on {c.workers} workers: the topology {topology.name!r} breaks the "
                           f"schedule's symmetry, and its {c.transfer_count:,} transfers are more than "
                           f"{expand_limit:,} to simulate one by one")
-    return replace(high, schedule=c, classes=(low.time, high.time))
+    high = found[-1]
+    # chunks within 1% of each other: the smallest class is not simulated; every byte's time
+    # shrinks at most in proportion, latencies stay, so its time is at least the largest's x (1 - spread)
+    low = found[0].time if len(found) == 2 else high.time * (1 - spread)
+    return replace(high, schedule=c, classes=(low, high.time))
 
 
 def _symmetric(c, topology, net, placement, itemsize, progress=None):
@@ -132,5 +157,5 @@ def _symmetric(c, topology, net, placement, itemsize, progress=None):
             tried.add(strides)
             system = compact_system(c, net, itemsize, strides)
             if system is not None:
-                return _result(c, topology, itemsize, placement, system, strides, progress)
+                return _result(c, topology, itemsize, placement, system, strides, progress, net.protocol)
     return None

@@ -62,12 +62,12 @@ def compact_system(c: CompactSchedule, net, itemsize: int, strides) -> _System |
     order = n // reps                                        # elements of the subgroup
     orbit_of = _worker_orbit(c, strides)
     rep_worker = np.unique(orbit_of, return_index=True)[1]
-    for x in (net.add_rate, net.madd_rate, net.overhead, net.startup, net.per_round):
+    for x in (net.add_rate, net.madd_rate, net.overhead, net.startup, net.per_round, net.wire):
         if (x[:n] != x[rep_worker][orbit_of]).any():
             return None
     if (net.machine >= 0).any() and ((net.machine[:n] != net.machine[0]).any() or reps > 1):
         return None
-    block = c.block(strides)
+    block, lane = c.block(strides, lanes=True)
     pairs = np.unique(block["src"].astype(np.int64) * nodes + block["dst"])
     if len(pairs) * order > ROUTE_LIMIT:
         return None
@@ -89,9 +89,31 @@ def compact_system(c: CompactSchedule, net, itemsize: int, strides) -> _System |
                        net.cores, np.array([float(order)] * reps + [1.0] * helpers))
     empty = np.empty(0, np.int64)
     steps = _steps((q(block["src"]), q(block["dst"]), block["round"]), (empty, empty, empty),
-                   np.where(block["op"] != COPY, block["count"], 0), max(c.rounds, 1), costs)
+                   np.where(block["op"] != COPY, block["count"], 0), max(c.rounds, 1), costs,
+                   _block_lanes(c, block, lane, strides))
     return orbit_system(label, paths[which], padding, net, weight, latency[which], block, itemsize, steps,
                         reps + helpers, per_system_node(net.startup), q(np.arange(nodes)), None)
+
+
+def _block_lanes(c: CompactSchedule, block, lane, strides):
+    """The lanes of the block's transfers at their two ends, as ``flows._steps`` takes them (None
+    without lanes). A block transfer's anchor (its worker end that the program rotated, a
+    representative) keeps its lane; at its other worker end the lane is seen from that worker's
+    representative: rotated by the group element h taking the worker there (h's digit of the
+    lane's dimension: minus the multiple of the stride in the worker's digit)."""
+    if lane is None:
+        return None
+    dim, parts = c.levels[c.lane_level]
+    n, lane = c.workers, lane.astype(np.int64)
+    place = int(np.prod(c.shape[dim + 1:]))
+    anchor_is_src = block["src"] < n
+
+    def seen_from_rep(x):
+        digit = x // place % c.shape[dim]
+        return (lane - (digit - digit % strides[dim])) % parts
+    src_lane = np.where(anchor_is_src | (block["src"] >= n), lane, seen_from_rep(block["src"]))
+    dst_lane = np.where(anchor_is_src & (block["dst"] < n), seen_from_rep(block["dst"]), lane)
+    return src_lane, dst_lane, parts
 
 
 def _channel_orbits(c: CompactSchedule, pairs, strides, net):

@@ -24,12 +24,41 @@ def _full(schedule, net, itemsize) -> _System:
     adds = np.where(t["op"] != COPY, t["count"], 0)
     costs = _NodeCosts(np.ones(nodes), net.add_rate, net.madd_rate, net.overhead, net.per_round, net.machine,
                        net.cores, np.ones(nodes))
+    lanes = None if schedule.lane is None else (schedule.lane, schedule.lane, int(schedule.lane.max(initial=0)) + 1)
     steps = _steps((t["src"], t["dst"], t["round"]), (c["node"], c["round"], c["madds"]), adds,
-                   max(schedule.rounds, 1), costs)
+                   max(schedule.rounds, 1), costs, lanes)
     inverse = inverse.reshape(-1)
+    deps = _data_deps(t, steps[0], steps[1], steps[4]) if lanes is not None and lanes[2] > 1 else None
     return _System(paths[inverse], net.capacity, net.fan_in, net.node_channel[t["dst"]], latency[inverse],
-                   t["count"].astype(float) * itemsize, np.ones(len(net.capacity)), *steps, nodes, net.startup,
-                   t["round"], np.arange(nodes), np.arange(len(net.capacity)), None)
+                   net.wire_bytes(t["src"], t["dst"], t["count"], itemsize), np.ones(len(net.capacity)), *steps[:4],
+                   nodes, net.startup, t["round"], np.arange(nodes), np.arange(len(net.capacity)), None, net.eager,
+                   steps[4], deps)
+
+
+def _data_deps(t, step_src, step_dst, step_track):
+    """Where a transfer sends on data that reached its sender in another track (lane): the step
+    that sends it and the flow it must wait for, the latest one of an earlier round into the
+    sender with the same segment. Tracks keep their own rounds apart; this keeps the data's
+    order across them (NCCL's tree root turns each reduced segment into the broadcast). Only
+    exact segments are matched: the schedules with lanes move whole segments."""
+    n = len(t)
+    node = np.concatenate([t["dst"], t["src"]]).astype(np.int64)
+    key = np.stack([np.repeat([1, 0], n), np.concatenate([t["round"], t["round"]]),
+                    np.concatenate([t["count"], t["count"]]), np.concatenate([t["offset"], t["offset"]]), node])
+    order = np.lexsort(key)                      # by node, segment, then round, sends before arrivals
+    arrival = order < n
+    same = np.ones(len(order), bool)
+    same[:1] = False                             # the first entry starts a group
+    for row in (node, key[3], key[2]):           # the same node and segment
+        same[1:] &= row[order][1:] == row[order][:-1]
+    group = np.cumsum(~same)
+    last = np.where(arrival, np.arange(len(order)), -1)
+    last = np.maximum.accumulate(last)           # the latest arrival at or before each position
+    first_of_group = np.flatnonzero(~same)[group - 1] if len(order) else order
+    sends = ~arrival & (last >= first_of_group) & (last >= 0)
+    flow, before = order[sends] - n, order[last[sends]]
+    other = step_track[step_src[flow]] != step_track[step_dst[before]]
+    return step_src[flow[other]], before[other]
 
 
 class _NodeCosts(NamedTuple):
@@ -46,22 +75,30 @@ class _NodeCosts(NamedTuple):
     stands_for: np.ndarray      # schedule nodes computing at once on its machine
 
 
-def _steps(flows, compute, adds, rounds: int, costs: _NodeCosts):
+def _steps(flows, compute, adds, rounds: int, costs: _NodeCosts, lanes=None):
     """The (node, round) steps of a system of flows (``flows``: src, dst and round per flow;
     ``compute``: node, round and multiply-adds per local computation): each flow's sending and
     receiving step, the steps in order per node, and each step's work (its ``adds`` and
     messages, scaled by ``node_weight``, and its multiply-adds). Where nodes share a machine's
     ``cores``, a step's compute takes max(1, c / cores) times as long, c the number of nodes
     computing in that round on that machine (a system node ``stands_for`` that many) -- the
-    round as a proxy for "at the same time"."""
+    round as a proxy for "at the same time".
+
+    With ``lanes`` (the lane of each flow at its sender and at its receiver, and how many
+    lanes), a node's lanes are separate tracks of steps (NCCL's channels run independently):
+    the steps are (node, lane, round), in order per (node, lane). Returns the flows' sending and
+    receiving steps, each step's node, its work, and its track (node * lanes + lane)."""
     (src, dst, rnd), (comp_node, comp_round, comp_madds) = flows, compute
     node_weight, add_rate, madd_rate, overhead, per_round, machine, cores, stands_for = costs
     n_fl = len(src)
-    keys = np.concatenate([src.astype(np.int64) * rounds + rnd, dst.astype(np.int64) * rounds + rnd,
-                           comp_node.astype(np.int64) * rounds + comp_round])
-    steps, key_step = _dense_unique(keys, len(node_weight) * rounds)
+    src_lane, dst_lane, count = lanes if lanes is not None else (0, 0, 1)
+    keys = np.concatenate([(src.astype(np.int64) * count + src_lane) * rounds + rnd,
+                           (dst.astype(np.int64) * count + dst_lane) * rounds + rnd,
+                           comp_node.astype(np.int64) * count * rounds + comp_round])
+    steps, key_step = _dense_unique(keys, len(node_weight) * count * rounds)
     step_src, step_dst = key_step[:n_fl], key_step[n_fl:2 * n_fl]
-    step_node = steps // rounds
+    step_track = steps // rounds
+    step_node = step_track // count
     n_steps = len(steps)
     added = np.bincount(step_dst, weights=adds, minlength=n_steps) * node_weight[step_node]
     madds = np.bincount(key_step[2 * n_fl:], weights=comp_madds, minlength=n_steps)
@@ -75,7 +112,7 @@ def _steps(flows, compute, adds, rounds: int, costs: _NodeCosts):
     if overhead.any():                     # per message sent or received, one after another
         messages = np.bincount(np.concatenate([step_src, step_dst]), minlength=n_steps) * node_weight[step_node]
         work_time = work_time + messages * overhead[step_node]
-    return step_src, step_dst, step_node, work_time
+    return step_src, step_dst, step_node, work_time, step_track
 
 
 def _dense_unique(keys, space):

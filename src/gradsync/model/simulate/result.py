@@ -40,6 +40,7 @@ class SimResult:
     orbit: np.ndarray | None = None   # per transfer: the flow timed for it (None: transfer i is flow i)
     strides: tuple | None = None      # a compact schedule's: the subgroup whose block was simulated
     classes: tuple | None = None      # unequal chunks at scale: the times with every chunk at its smallest, largest
+    protocol: str | None = None       # on a GPU topology: the NCCL protocol the transfers moved by
 
     @cached_property
     def _flow_of_transfer(self):
@@ -97,6 +98,8 @@ class SimResult:
                        "busy_s": float(self.channel_busy[c])}
                       for c in np.flatnonzero(self.channel_bytes)],
         }
+        if self.protocol is not None:
+            out["protocol"] = self.protocol
         if timeline:
             t = s.transfers
             out["timeline"] = {"round": t["round"].tolist(), "src": t["src"].tolist(),
@@ -104,6 +107,8 @@ class SimResult:
                                "count": t["count"].tolist(), "op": t["op"].tolist(),
                                "start": self.start.tolist(), "sent": self.sent.tolist(),
                                "done": self.done.tolist()}
+            if s.lane is not None:
+                out["timeline"]["lane"] = s.lane.tolist()
         return out
 
 

@@ -91,18 +91,21 @@ class _Flows:
 def _run_scalar(system, progress=None):
     """``engine._run`` for a small system: the same results, from Python floats."""
     flows = _Flows(system)
-    is_last, by_step, by_step_start, left = (x.tolist() for x in _step_index(system))
+    is_last, by_step, by_step_start, left, sending = (x.tolist() for x in _step_index(system))
     step_src, step_dst = system.step_src.tolist(), system.step_dst.tolist()
     step_node, work_time = system.step_node.tolist(), system.work_time.tolist()
     n_fl = len(flows.nbytes)
-    need, times = [2] * n_fl, np.full((3, n_fl), np.nan)
+    need, times = [1 if system.eager else 2] * n_fl, np.full((3, n_fl), np.nan)
     start, sent, done = ([math.nan] * n_fl for _ in range(3))
     node_done, busy = [0.0] * system.nodes, [0.0] * len(flows.capacity)
     first, first_at = _first_steps(system)
-    pending = dict(zip(first.tolist(), first_at.tolist()))
-    state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0}
+    pending = _Pending(system) if system.deps is not None else {}
+    for s, at in zip(first.tolist(), first_at.tolist()):
+        pending[s] = at
+    state = {"now": 0.0, "remaining": {}, "rate": {}, "flying": {}, "delivered": 0, "events": 0,
+             "posted": [False] * len(step_node) if system.eager else None}
     loop = (flows, need, start, sent, done, busy, pending, state)
-    steps = (is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done)
+    steps = (is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done, sending)
     while state["remaining"] or state["flying"] or pending:
         _event(loop, steps)
         state["events"] += 1
@@ -116,7 +119,7 @@ def _run_scalar(system, progress=None):
 def _event(loop, steps):
     """One pass of the loop: advance to the next event, then the same three stages as ``_run``."""
     flows, need, start, sent, done, busy, pending, state = loop
-    is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done = steps
+    is_last, by_step, by_step_start, left, step_src, step_dst, step_node, work_time, node_done, sending = steps
     now, remaining, rate, flying = state["now"], state["remaining"], state["rate"], state["flying"]
     drain_at = {f: now + (r / rate[f] if rate[f] else math.inf) for f, r in remaining.items()}
     nxt = min(min(d.values()) for d in (drain_at, flying, pending) if d)
@@ -128,29 +131,42 @@ def _event(loop, steps):
             remaining[f] = r - rate[f] * dt
     now = state["now"] = nxt
     soon, nbytes, changed = now * (1 + 1e-12), flows.nbytes, False
+    posted, waits = state["posted"], isinstance(pending, _Pending)
+
+    def complete(s):                                # one flow fewer for step s; done when none is left
+        left[s] -= 1
+        if left[s] == 0 and (posted is None or posted[s]):
+            _advance(s, now, pending, is_last, step_node, work_time, node_done)
     for f in [f for f, d in drain_at.items() if d <= soon or remaining[f] <= _TOL * nbytes[f]]:
         sent[f] = now                               # 1. the last byte left: the latency starts
         flying[f] = now + flows.latency[f]
         del remaining[f]
         changed = True
+        if posted is not None:                      # posted sends: the sender's part is done
+            complete(step_src[f])
     soon = now * (1 + 1e-15) + 1e-18
     arrived = [f for f, at in flying.items() if at <= soon]
     for f in arrived:                               # 2. delivered flows complete their steps
         del flying[f]
         done[f] = now
-        for s in (step_src[f], step_dst[f]):
-            left[s] -= 1
-            if left[s] == 0:
-                _advance(s, now, pending, is_last, step_node, work_time, node_done)
+        for s in ((step_dst[f],) if posted is not None else (step_src[f], step_dst[f])):
+            complete(s)
+        if waits:
+            pending.release(f, now)
     state["delivered"] += len(arrived)
     ready = [s for s, at in pending.items() if at <= soon]
     for s in ready:
         del pending[s]
+        if posted is not None:
+            posted[s] = True
     for s in ready:
         if left[s] == 0:                            # compute-only steps
             _advance(s, now, pending, is_last, step_node, work_time, node_done)
     for s in ready:                                 # 3. ready steps post; flows with both ends start
-        for f in by_step[by_step_start[s]:by_step_start[s + 1]]:
+        for e in range(by_step_start[s], by_step_start[s + 1]):
+            f = by_step[e]
+            if posted is not None and not sending[e]:
+                continue                            # posted sends: the sender alone starts a flow
             need[f] -= 1
             if need[f] == 0:
                 start[f] = now
@@ -160,10 +176,37 @@ def _event(loop, steps):
         state["rate"] = flows.rates(list(remaining))
 
 
+class _Pending(dict):
+    """Steps ready to post, by step: when each is ready. A step that also waits for flows of
+    other tracks (``_System.deps``) is held until the last of them is delivered."""
+
+    def __init__(self, system):
+        super().__init__()
+        self.dep_left, self.held, self.waiters = None, {}, {}
+        if system.deps is not None:
+            dep_step, dep_flow = system.deps
+            self.dep_left = np.bincount(dep_step, minlength=len(system.step_node)).tolist()
+            for step, flow in zip(dep_step.tolist(), dep_flow.tolist()):
+                self.waiters.setdefault(flow, []).append(step)
+
+    def __setitem__(self, step, at):
+        if self.dep_left is not None and self.dep_left[step] > 0:
+            self.held[step] = at
+        else:
+            super().__setitem__(step, at)
+
+    def release(self, flow, now) -> None:
+        """Flow ``flow`` delivered at ``now``: the steps that waited for it alone become ready."""
+        for step in self.waiters.get(flow, ()):
+            self.dep_left[step] -= 1
+            if self.dep_left[step] == 0 and step in self.held:
+                super().__setitem__(step, max(self.held.pop(step), now))
+
+
 def _advance(s, now, pending, is_last, step_node, work_time, node_done):
     """Step ``s`` done at ``now``: the node's next step is ready after this one's work."""
     end = now + work_time[s]
     if is_last[s]:
-        node_done[step_node[s]] = end
+        node_done[step_node[s]] = max(node_done[step_node[s]], end)
     else:
         pending[s + 1] = end

@@ -23,8 +23,8 @@ def _cyclic(schedule: Schedule):
     ``rep`` of the representative it is a rotation of; else None. A sufficient test (blocks
     compared in a canonical order): a symmetric schedule it misses is simulated in full."""
     n, t, c = schedule.workers, schedule.transfers, schedule.compute
-    if n < 3 or not len(t):
-        return None
+    if n < 3 or not len(t) or (schedule.lane is not None and (schedule.lane != schedule.lane[0]).any()):
+        return None                          # several lanes: their tracks would have to rotate too
     src, dst = t["src"], t["dst"]
     shift = np.where(src < n, src, dst)
     if (shift >= n).any():                   # a transfer between helpers is its own orbit
@@ -131,7 +131,7 @@ def _quotient(schedule, net, itemsize, rep, orbit) -> _System | None:
     n, t, c, nodes = schedule.workers, schedule.transfers, schedule.compute, schedule.nodes
     padding = net.padding
     if any((x[:n] != x[0]).any() for x in (net.add_rate, net.madd_rate, net.overhead, net.startup, net.per_round,
-                                           net.machine)):
+                                           net.machine, net.wire)):
         return None
     rep = t[rep]
     pairs = np.unique(rep["src"].astype(np.int64) * nodes + rep["dst"])
@@ -172,8 +172,8 @@ def orbit_system(label, paths, padding, net, weight, latency, table, itemsize: i
     channel_of[inside] = np.searchsorted(crossed, label[inside])
     return _System(channel_of[paths], np.append(net.capacity[crossed], np.inf),
                    np.append(net.fan_in[crossed], 0.0), channel_of[net.node_channel[table["dst"]]], latency,
-                   table["count"].astype(float) * itemsize, np.append(weight[crossed], 1.0),
-                   *steps, nodes, startup, table["round"], node_ids, channel_of, orbit)
+                   net.wire_bytes(table["src"], table["dst"], table["count"], itemsize), np.append(weight[crossed], 1.0),
+                   *steps[:4], nodes, startup, table["round"], node_ids, channel_of, orbit, net.eager, steps[4])
 
 
 def _channel_orbits(pairs, n, nodes, net):

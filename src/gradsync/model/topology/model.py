@@ -6,6 +6,14 @@ channel. A node may have costs of its own (all optional): a copy rate shared by 
 transfer it sends or receives, a per-message overhead, and an incast penalty when many
 peers send to it at once. Routes are fewest-time paths (latency plus 1 MB at the link's bandwidth), so NVLink
 is preferred over PCIe where both exist.
+
+A GPU machine (``gpu``, a ``gpu.GpuModel``) adds what NCCL's kernels pay: a link of a known
+``kind`` (NVLink 4, PCIe, ...) carries its nominal bandwidth times the share those kernels get
+of it (``gpu.LINK_KINDS``), and each transfer pays its protocol's per-step latency. Without
+peer-to-peer (``p2p=False``) every transfer between two GPUs goes through the host's memory
+(``host``): up one PCIe path and down another, as NCCL's shared-memory transport moves it. A
+switch with ``switch_reduction`` can reduce what passes through it (NVLink SHARP on an
+NVSwitch, SHARP on an InfiniBand switch); schedules place their helper "switch" on it.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import networkx as nx
 import numpy as np
 
 from ...errors import TopologyError
+from .gpu import GpuModel, check_kind, link_class, link_efficiency
 
 NODE_KINDS = ("gpu", "cpu", "host", "switch", "nic")
 _ROUTE_PROBE_BYTES = 1e6
@@ -40,6 +49,7 @@ class Node:
     cores: float | None = None         # a switch standing for one machine: the adds and multiply-adds of the
                                        # nodes behind it share this many cores (each node at most one)
     round_overhead: float | None = None  # seconds of the node's time per round it takes part in, beyond its messages
+    switch_reduction: float | None = None  # a switch that reduces in the network, at this share of its links' rate
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,13 @@ class Link:
     bandwidth: float                   # bytes per second, per direction
     latency: float = 0.0               # seconds
     duplex: str = "full"
+    kind: str | None = None            # a gpu.LINK_KINDS name (nvlink4, pcie, net, ...): its efficiency, latency class
+
+    def __post_init__(self):
+        try:
+            check_kind(self.kind)
+        except Exception as exc:
+            raise TopologyError(f"link {self.a}-{self.b}: {exc}") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +91,10 @@ class Topology:
     ring_weights: tuple[float, ...] | None = None
     description: str = ""
     router: object = field(default=None, repr=False)   # fixed routes of a generated cluster (cluster.ClusterRoutes)
+    gpu: GpuModel | None = None        # a GPU machine's protocols and step costs (None: hosts, links alone)
+    p2p: bool = True                   # False: transfers between GPUs go through ``host``'s memory
+    reducers: tuple[str, ...] = ()     # per machine, its switch that reduces (NVLS), in machine order
+    network_reducer: str | None = None   # a switch that reduces across machines (InfiniBand SHARP)
     _routes: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -95,6 +116,11 @@ class Topology:
                 raise TopologyError(f"workers.{i}: unknown node {w!r}")
         if self.host is not None and self.host not in known:
             raise TopologyError(f"host: unknown node {self.host!r}")
+        if not self.p2p and self.host is None:
+            raise TopologyError("p2p: a topology without peer-to-peer needs a host whose memory GPUs go through")
+        for r in self.reducers + ((self.network_reducer,) if self.network_reducer else ()):
+            if r not in known or not (self.nodes[names.index(r)].switch_reduction or 0) > 0:
+                raise TopologyError(f"reducers: {r!r} is not a node with switch_reduction set")
         if self.router is None and not nx.is_connected(self.graph):   # a cluster's routes join it by construction
             parts = sorted(sorted(c) for c in nx.connected_components(self.graph))
             raise TopologyError(f"links: the nodes are not all connected: {parts[:2]} ...")
@@ -115,8 +141,14 @@ class Topology:
 
     @cached_property
     def channel_capacity(self) -> np.ndarray:
-        """Bandwidth of each directed channel: 2 per link (a->b, b->a; one shared if half duplex)."""
-        return np.repeat([l.bandwidth for l in self.links], 2).astype(float)
+        """Bandwidth of each directed channel: 2 per link (a->b, b->a; one shared if half duplex),
+        what a link of a known kind delivers (its nominal rate times ``gpu.link_efficiency``)."""
+        return np.repeat([l.bandwidth * link_efficiency(l.kind) for l in self.links], 2).astype(float)
+
+    @cached_property
+    def channel_class(self) -> np.ndarray:
+        """Latency class of each directed channel (an index into ``gpu.CLASSES``; -1: no kind)."""
+        return np.repeat([link_class(l.kind) for l in self.links], 2).astype(np.int64)
 
     @cached_property
     def _tree(self):
@@ -158,9 +190,22 @@ class Topology:
             return runs[0]
         return len(names)
 
+    def _through_host(self, a: str, b: str) -> bool:
+        """Whether the route a -> b goes through host memory: no peer-to-peer, two GPUs."""
+        return not self.p2p and a != b and self.node(a).kind == "gpu" and self.node(b).kind == "gpu"
+
+    def _memory_of(self, a: str) -> str:
+        """The host memory a GPU writes to without peer-to-peer: its own socket's, the first CPU on
+        its route to the host."""
+        path = nx.shortest_path(self.graph, a, self.host, weight="cost")
+        return next(n for n in path if self.node(n).kind == "cpu")
+
     def route_nodes(self, a: str, b: str) -> list[int]:
         """Node indices along the route from ``a`` to ``b``, both included."""
         key = (a, b)
+        if key not in self._routes and self._through_host(a, b):
+            memory = self._memory_of(a)
+            self._routes[key] = self.route_nodes(a, memory) + self.route_nodes(memory, b)[1:]
         if key not in self._routes and self.router is not None:
             found = self.router.route_table([self.index[a]], [self.index[b]])
             if found is not None:
@@ -239,6 +284,30 @@ class Topology:
         return any(n.copy_rate or n.message_overhead or n.fan_in or n.collective_overhead or n.cores
                    or n.round_overhead for n in self.nodes)
 
+    def reducer_for(self, workers: int, helper: str = "switch", algorithm: str = "switch") -> str:
+        """The node that helper ``helper`` runs on: "switch" is the switch that reduces for all
+        ``workers`` (one machine's NVSwitch, else a network switch with SHARP), "switch<m>"
+        machine m's; TopologyError where there is none.
+
+        >>> from gradsync.model.topology import preset
+        >>> preset("hgx-h100").reducer_for(8), preset("cluster", gpu="h100").reducer_for(16, "switch1")
+        ('nvswitch', 'm1nvs')
+        """
+        what = f"algorithm {algorithm!r} needs a switch that reduces"
+        if helper != "switch":
+            m = helper.removeprefix("switch")
+            if not m.isdigit() or int(m) >= len(self.reducers):
+                raise TopologyError(f"{what} in machine {m}; topology {self.name!r} has {len(self.reducers)} "
+                                    "such switches (NVLink SHARP)")
+            return self.reducers[int(m)]
+        machine = self.machine_size(workers) if len(self.reducers) > 1 else len(self.workers)
+        if self.reducers and workers <= machine:
+            return self.reducers[0]
+        if self.network_reducer is not None:
+            return self.network_reducer
+        raise TopologyError(f"{what} for all {workers} workers; topology {self.name!r} has none"
+                            + (" across its machines" if self.reducers else " (no NVLink SHARP, no SHARP switch)"))
+
     def node(self, name: str) -> Node:
         """The node called ``name``."""
         return self.nodes[self.index[name]]
@@ -251,13 +320,14 @@ class Topology:
         if count == len(self.workers):
             return self
         return Topology(self.name, self.nodes, self.links, self.workers[:count], self.host,
-                        description=self.description, router=self.router)
+                        description=self.description, router=self.router, gpu=self.gpu, p2p=self.p2p,
+                        reducers=self.reducers, network_reducer=self.network_reducer)
 
     def summary(self) -> dict:
         """A JSON-ready description (for the browser and ``--format json``)."""
         return {"name": self.name, "description": self.description,
                 "nodes": [{"name": n.name, "kind": n.kind} for n in self.nodes],
                 "links": [{"a": l.a, "b": l.b, "bandwidth": l.bandwidth, "latency": l.latency,
-                           "duplex": l.duplex} for l in self.links],
+                           "duplex": l.duplex, **({"kind": l.kind} if l.kind else {})} for l in self.links],
                 "workers": list(self.workers), "host": self.host,
                 "rings": [list(r) for r in self.rings] if self.rings else None}

@@ -11,6 +11,7 @@ import inspect
 from ...errors import TopologyError
 from ...units import parse_bandwidth, parse_time
 from .cluster import cluster
+from .machines import dgx_1, gb200_nvl72, hgx_a100, hgx_h100, hgx_h200, nvlink_pair, nvswitch, pcie_server
 from .model import Link, Node, Topology
 
 PCIE = 16e9            # D2L's PCIe 3.0 x16 figure
@@ -121,8 +122,18 @@ PRESETS = {
     "ethernet": ethernet,
     "lowbw-cluster": lowbw_cluster,
     "cluster": cluster,
+    # real machines from their nominal specs (machines.py): NCCL's link efficiencies and protocols
+    "dgx-1": dgx_1,
+    "hgx-a100": hgx_a100,
+    "hgx-h100": hgx_h100,
+    "hgx-h200": hgx_h200,
+    "gb200-nvl72": gb200_nvl72,
+    "nvswitch": nvswitch,
+    "nvlink-pair": nvlink_pair,
+    "pcie-server": pcie_server,
 }
 PARAMETRIC = {"ethernet": 8, "ring": 8, "cluster": None}   # presets whose worker count is a parameter (default)
+GPU_COUNT = ("hgx-a100", "hgx-h100", "hgx-h200", "gb200-nvl72", "nvswitch", "pcie-server")   # workers: the machine's GPUs
 
 
 def preset(name: str, workers: int | None = None, **params) -> Topology:
@@ -143,5 +154,7 @@ def preset(name: str, workers: int | None = None, **params) -> Topology:
         raise TopologyError(f"workers: expected an integer, got {workers!r}")
     if name in PARAMETRIC:
         return PRESETS[name](workers=PARAMETRIC[name] if workers is None else workers, **params)
+    if name in GPU_COUNT and workers is not None and "gpus" not in params:
+        return PRESETS[name](gpus=workers, **params)
     topo = PRESETS[name](**params)
     return topo if workers is None else topo.with_workers(workers)
