@@ -7,7 +7,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from gradsync.runtime.transport import distributed
+from gradsync.runtime.transport import naming
 from gradsync.runtime.transport.distributed import DistributedTransport, Pending
 
 TIMEOUT = RuntimeError("[/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms for recv operation")
@@ -17,7 +17,7 @@ CLOSED = RuntimeError("[/gloo/transport/tcp/pair.cc:534] Connection closed by pe
 @pytest.fixture
 def store(monkeypatch):
     store = dist.HashStore()
-    monkeypatch.setattr(distributed, "_store", lambda: store)
+    monkeypatch.setattr(naming, "rendezvous_store", lambda: store)
     return store
 
 
@@ -25,6 +25,7 @@ def transport_of(rank: int, size: int) -> DistributedTransport:
     """A transport as the collective holds it, without a process group behind it."""
     t = DistributedTransport.__new__(DistributedTransport)
     t.rank, t.size, t.failure_key, t._timer = rank, size, "gradsync/failure/test", None
+    t.group = None                               # no process group: no host map to read
     return t
 
 

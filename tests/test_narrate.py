@@ -203,13 +203,19 @@ def check_round(reader, schedule, cuts, told):
             left[key] -= 1
         if check:
             loose.append((op, check))
+    listed = Counter()
     for op, check in loose:
         mine = [k for k, v in left.items() for _ in range(v) if k[0] == op]
         if check[0] == "xor":
             assert {(s, d) for _, s, d, _, _ in mine} == check[1] and len(mine) == len(check[1]), told["text"]
             assert all(b - a == check[2] for *_, a, b in mine), told["text"]
+            for k in mine:
+                left[k] -= 1
         else:
-            assert len(mine) == check[2], told["text"]        # the ones "listed below"
+            listed[op] += check[2]       # the ones "listed below", summed over the round's rings
+    for op, count in listed.items():
+        mine = [k for k, v in left.items() for _ in range(v) if k[0] == op]
+        assert len(mine) == count, told["text"]
         for k in mine:
             left[k] -= 1
     assert not +left, (told["text"], +left)
