@@ -35,43 +35,12 @@ from ..runtime.engines import TorchEngine
 from ..runtime.flight import RECORDER
 from ..runtime.transport.base import group_key
 from . import config
+from .arguments import (COLLECTIVE_OF, REDUCE_OPS, AllgatherOptions, AllreduceOptions, BroadcastOptions,
+                        ReduceScatterOptions, even, first_tensor, options_with, plain, scatter_into)
 from .work import EngineWork, Joined, RankFailure, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
 INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
-# torch's ReduceOp by its hash (its enum value): an options object's ``reduceOp`` is a ReduceOp
-# object that equals the RedOpType constants but does not find them as dict keys
-OPS = {hash(getattr(dist.ReduceOp, name.upper())): name
-       for name in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")}
-_AllreduceOptions, _BroadcastOptions = dist.AllreduceOptions, dist.BroadcastOptions
-_ReduceScatterOptions, _AllgatherOptions = dist.ReduceScatterOptions, dist.distributed_c10d.AllgatherOptions
-
-
-def _plain(t) -> bool:
-    """A dense, contiguous, non-empty CPU tensor: what gradsync's paths take (anything else:
-    the engine, which does with it what Gloo does)."""
-    return type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and t.numel() > 0 \
-        and t.is_contiguous()
-
-
-def _first_tensor(args, kwargs):
-    """The first tensor of a call's arguments (nested in lists), which decides its engine."""
-    for value in list(args) + list(kwargs.values()):
-        while isinstance(value, (list, tuple)) and value:
-            value = value[0]
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
-
-
-def _with(options, **fields):
-    opts = options()
-    for key, value in fields.items():
-        if value is not None:
-            setattr(opts, key, value)
-    return opts
-
-
 class GradsyncGroup(dist.ProcessGroup):
     """The process group of ``init_process_group("gradsync")`` / ``new_group(backend="gradsync")``.
 
@@ -169,7 +138,7 @@ class GradsyncGroup(dist.ProcessGroup):
         work = getattr(engine, method)(*args, **kwargs)
         if engine is not self.engines["cpu"]:      # NCCL orders streams in its own Work: keep it
             return work
-        kind = _COLLECTIVE.get(method, method)
+        kind = COLLECTIVE_OF.get(method, method)
         entry = None
         if self._comm is not None or not self.closed:
             tensor = tensor if isinstance(tensor, torch.Tensor) else None
@@ -197,15 +166,15 @@ class GradsyncGroup(dist.ProcessGroup):
     # --- the collectives gradsync runs -------------------------------------------------------
 
     def allreduce(self, tensors, opts=None, op=None, timeout=None):
-        if type(opts) is not _AllreduceOptions or type(tensors) is not list:      # torch's other forms
+        if type(opts) is not AllreduceOptions or type(tensors) is not list:      # torch's other forms
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
-            opts = opts if isinstance(opts, _AllreduceOptions) else \
-                _with(_AllreduceOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
-        if len(tensors) != 1 or not _plain(tensors[0]):
+            opts = opts if isinstance(opts, AllreduceOptions) else \
+                options_with(AllreduceOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
+        if len(tensors) != 1 or not plain(tensors[0]):
             return self._engine("allreduce", tensors[0] if tensors else None, tensors, opts)
         if self._size == 1 and not self.closed:      # every op of one rank is the tensor itself
             return Work(None, tensors)
-        t, name = tensors[0], OPS.get(hash(opts.reduceOp))
+        t, name = tensors[0], REDUCE_OPS.get(hash(opts.reduceOp))
         if name is None:                   # PREMUL_SUM and ops to come: the engine's
             return self._engine("allreduce", t, tensors, opts)
         comm = self._comm or self.communicator()
@@ -218,9 +187,9 @@ class GradsyncGroup(dist.ProcessGroup):
         return Work(None if out is t else out, tensors, self._global)
 
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else _ReduceScatterOptions()
-        name = OPS.get(hash(opts.reduceOp))
-        if not (_plain(output) and _plain(input)) or name is None or output.dtype != input.dtype \
+        opts = opts if opts is not None else ReduceScatterOptions()
+        name = REDUCE_OPS.get(hash(opts.reduceOp))
+        if not (plain(output) and plain(input)) or name is None or output.dtype != input.dtype \
                 or input.numel() != output.numel() * self._size or self._size == 1:
             return self._engine("_reduce_scatter_base", output, output, input, opts)
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
@@ -231,10 +200,10 @@ class GradsyncGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs, input_lists, opts=None, op=None, timeout=None):
         if isinstance(outputs, torch.Tensor):          # reduce_scatter(output, [inputs], op)
             outputs, input_lists = [outputs], [input_lists]
-            opts = _with(_ReduceScatterOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
-        opts = opts if opts is not None else _ReduceScatterOptions()
-        name = OPS.get(hash(opts.reduceOp))
-        if len(outputs) != 1 or len(input_lists) != 1 or name is None or not _even(outputs[0], input_lists[0],
+            opts = options_with(ReduceScatterOptions, reduceOp=opts if opts is not None else op, timeout=timeout)
+        opts = opts if opts is not None else ReduceScatterOptions()
+        name = REDUCE_OPS.get(hash(opts.reduceOp))
+        if len(outputs) != 1 or len(input_lists) != 1 or name is None or not even(outputs[0], input_lists[0],
                                                                                   self._size):
             return self._engine("reduce_scatter", outputs[0] if outputs else None, outputs, input_lists, opts)
         out, whole = outputs[0], torch.cat([x.reshape(-1) for x in input_lists[0]])
@@ -248,8 +217,8 @@ class GradsyncGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts if opts is not None else _AllgatherOptions()
-        if not (_plain(output) and _plain(input)) or output.dtype != input.dtype \
+        opts = opts if opts is not None else AllgatherOptions()
+        if not (plain(output) and plain(input)) or output.dtype != input.dtype \
                 or output.numel() != input.numel() * self._size or self._size == 1:
             return self._engine("_allgather_base", output, output, input, opts)
         return self._run("all_gather", lambda c, a, q: c.all_gather(output, input, a, q), (output, input),
@@ -260,9 +229,9 @@ class GradsyncGroup(dist.ProcessGroup):
     def allgather(self, output_lists, inputs, opts=None, timeout=None):
         if isinstance(inputs, torch.Tensor):            # allgather([outputs], input)
             output_lists, inputs = [output_lists], [inputs]
-            opts = _with(_AllgatherOptions, timeout=timeout)
-        opts = opts if opts is not None else _AllgatherOptions()
-        if len(inputs) != 1 or len(output_lists) != 1 or not _even(inputs[0], output_lists[0], self._size):
+            opts = options_with(AllgatherOptions, timeout=timeout)
+        opts = opts if opts is not None else AllgatherOptions()
+        if len(inputs) != 1 or len(output_lists) != 1 or not even(inputs[0], output_lists[0], self._size):
             return self._engine("allgather", inputs[0] if inputs else None, output_lists, inputs, opts)
         inp, outs = inputs[0], output_lists[0]
         # rank after rank along the first dimension, as the engine's all_gather_into_tensor takes it
@@ -271,9 +240,9 @@ class GradsyncGroup(dist.ProcessGroup):
         def gather(c, a, q):
             out = c.all_gather(flat, inp, a, q)
             if out is None or isinstance(out, torch.Tensor):     # done: hand each rank's part out now
-                _scatter_into(outs, flat)
+                scatter_into(outs, flat)
                 return out
-            return Then(out, lambda: _scatter_into(outs, flat))
+            return Then(out, lambda: scatter_into(outs, flat))
 
         return self._run("all_gather", gather, (flat, inp), flat.numel() * flat.element_size(), outs)
 
@@ -284,18 +253,18 @@ class GradsyncGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def broadcast(self, tensors, opts=None, root=None, timeout=None):
-        if type(opts) is not _BroadcastOptions:         # broadcast(tensor, root)
+        if type(opts) is not BroadcastOptions:         # broadcast(tensor, root)
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
-            opts = _with(_BroadcastOptions, rootRank=opts if opts is not None else root, timeout=timeout)
+            opts = options_with(BroadcastOptions, rootRank=opts if opts is not None else root, timeout=timeout)
         root = opts.rootRank
-        if len(tensors) != 1 or not _plain(tensors[0]) or not 0 <= root < self._size or self._size == 1:
+        if len(tensors) != 1 or not plain(tensors[0]) or not 0 <= root < self._size or self._size == 1:
             return self._engine("broadcast", tensors[0] if tensors else None, tensors, opts)
         t = tensors[0]
         return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
                          t.numel() * t.element_size(), tensors)
 
     def barrier(self, opts=None, timeout=None):
-        opts = opts if opts is not None else _with(dist.BarrierOptions, timeout=timeout)
+        opts = opts if opts is not None else options_with(dist.BarrierOptions, timeout=timeout)
         if self._size == 1:
             return self._engine("barrier", None, opts)
         return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None)
@@ -303,24 +272,24 @@ class GradsyncGroup(dist.ProcessGroup):
     # --- collectives the engine runs, every form of them as torch's bindings take it ----------
 
     def allreduce_coalesced(self, *args, **kwargs):
-        return self._engine("allreduce_coalesced", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("allreduce_coalesced", first_tensor(args, kwargs), *args, **kwargs)
 
     def all_to_all_single(self, *args, **kwargs):
-        return self._engine("alltoall_base", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("alltoall_base", first_tensor(args, kwargs), *args, **kwargs)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, *args, **kwargs):
-        return self._engine("alltoall", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("alltoall", first_tensor(args, kwargs), *args, **kwargs)
 
     def gather(self, *args, **kwargs):
-        return self._engine("gather", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("gather", first_tensor(args, kwargs), *args, **kwargs)
 
     def scatter(self, *args, **kwargs):
-        return self._engine("scatter", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("scatter", first_tensor(args, kwargs), *args, **kwargs)
 
     def reduce(self, *args, **kwargs):
-        return self._engine("reduce", _first_tensor(args, kwargs), *args, **kwargs)
+        return self._engine("reduce", first_tensor(args, kwargs), *args, **kwargs)
 
     def send(self, tensors, dst: int, tag: int = 0):
         return self.engine(tensors[0].device).send(tensors, dst, tag)
@@ -370,24 +339,6 @@ class GradsyncGroup(dist.ProcessGroup):
             STATE.forget(comm.key if comm is not None else group_key(self))
         except (RuntimeError, ValueError):   # torch has unregistered it already: nothing was kept
             pass
-
-
-_COLLECTIVE = {"allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-               "_allgather_base": "all_gather", "allgather": "all_gather", "alltoall_base": "alltoall",
-               "allreduce_coalesced": "all_reduce_coalesced", "reduce_scatter_tensor_coalesced": "reduce_scatter_coalesced",
-               "allgather_into_tensor_coalesced": "all_gather_coalesced"}
-
-
-def _even(one, many, size: int) -> bool:
-    """One plain tensor beside ``size`` plain tensors of its shape and dtype (a list call gradsync takes)."""
-    return len(many) == size and _plain(one) and all(
-        _plain(x) and x.dtype == one.dtype and x.shape == one.shape and x.is_contiguous() for x in many) \
-        and one.is_contiguous() and size > 1
-
-
-def _scatter_into(outs, flat) -> None:
-    for o, part in zip(outs, flat.chunk(len(outs))):
-        o.copy_(part.view(o.shape))
 
 
 def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
