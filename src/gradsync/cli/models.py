@@ -135,15 +135,20 @@ def _fastest_protocol(schedule, topo, itemsize):
     return best, results[best]
 
 
-def _runnable_only(chosen, names, topo, n):
-    """``chosen`` less the algorithms the topology cannot run, named once on stderr (one line and
-    exit code 2 when the user named one of them)."""
+def _runnable_only(chosen, names, topo, n, notes: list | None = None):
+    """``chosen`` less the algorithms the topology cannot run, named once on stderr, or added to
+    ``notes`` for the caller to print once its own checks have passed (an error stays one line);
+    one line and exit code 2 when the user named one of them."""
     from ..model.tune import skipped
     gone = skipped(topo, n, chosen)
     if gone and names is not None:
         raise click.BadParameter(next(iter(gone.values())), param_hint="'--algorithms'")
     if gone:
-        click.echo("gradsync: note: left out, as this topology cannot run them: " + "; ".join(gone.values()), err=True)
+        note = "gradsync: note: left out, as this topology cannot run them: " + "; ".join(gone.values())
+        if notes is None:
+            click.echo(note, err=True)
+        else:
+            notes.append(note)
     return [a for a in chosen if a not in gone]
 
 
@@ -206,7 +211,8 @@ def compare(topology, size, workers, dtype, names, components, codecs, fmt):
     n = len(topo.workers)
     elements = _elements(size, dtype)
     nbytes = elements * dtypes.itemsize(dtype)
-    chosen = _runnable_only(_affordable(_chosen(names, dtype), names, n), names, topo, n)
+    notes = []
+    chosen = _runnable_only(_affordable(_chosen(names, dtype), names, n), names, topo, n, notes)
     step, rows = _steps(len(chosen), "compare"), []
     for name in chosen:
         step(f"{name} on {n} workers")
@@ -219,6 +225,8 @@ def compare(topology, size, workers, dtype, names, components, codecs, fmt):
         rows.append(row)
     step(None)
     _emit(fmt, rows, lambda rows: _render_compare(rows, topo, n, nbytes, dtype, codecs))
+    for note in notes:
+        click.echo(note, err=True)
 
 
 def _simulated_schedule(algorithm, n, elements, dtype, options, trace_path, out):
