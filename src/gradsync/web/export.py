@@ -94,12 +94,12 @@ def _family(algorithm: str, n: int, options: dict, dtype: str = "float32") -> di
 
 
 def _page(root: Path) -> int:
-    """The page and its scripts, with the model's two readers (model.js, site.js) first."""
+    """The page and its scripts, with the model's readers (model.js, failures.js, site.js) first."""
     static = resources.files("gradsync.web").joinpath("static")
     page = static.joinpath("index.html").read_text()
     page = page.replace('<script src="static/state.js"></script>',
                         '<script>window.GRADSYNC_STATIC = true;</script>\n<script src="static/model.js"></script>\n'
-                        '<script src="static/site.js"></script>\n<script src="static/state.js"></script>')
+                        '<script src="static/failures.js"></script>\n<script src="static/site.js"></script>\n<script src="static/state.js"></script>')
     written = len(page)
     (root / "index.html").write_text(page)
     for name in sorted(f.name for f in static.iterdir() if f.name.endswith((".js", ".css"))):
@@ -127,6 +127,7 @@ def _families(topologies, names) -> tuple[dict, dict, dict, dict]:
     families, index, topo_data, closed = {a: {} for a in names}, {}, {}, {}
     for preset, n, topo, uniform, data in _configurations(topologies):
         topo_data[f"{preset}|{n}"] = data
+        data["reducers"] = {"": _reducers(topo, n), "|uniform": _reducers(uniform, n)}
         # links of one bandwidth (the page's bandwidth field) may change an algorithm's
         # options (no slower tier: one machine); those are indexed apart ("|uniform")
         for links, t in (("", topo), ("|uniform", uniform)):
@@ -140,6 +141,19 @@ def _families(topologies, names) -> tuple[dict, dict, dict, dict]:
                     if not links and families[name][key]:
                         closed[where] = closed_terms(name, t, n, options)
     return families, index, topo_data, closed
+
+
+def _reducers(topo, n: int) -> dict:
+    """Where a schedule's switch helpers run on ``topo`` with ``n`` workers, as the simulator
+    places them (``Topology.reducer_for``): per helper name its node's index, or the refusal
+    with the algorithm's name left as ``{algorithm}`` for the page to fill in."""
+    out = {}
+    for helper in ["switch"] + [f"switch{m}" for m in range(len(topo.reducers))]:
+        try:
+            out[helper] = topo.index[topo.reducer_for(n, helper, "{algorithm}")]
+        except ConfigError as e:
+            out[helper] = {"refused": str(e)}
+    return out
 
 
 def _try_family(name: str, n: int, options: dict, dtype: str = "float32") -> dict | None:

@@ -67,10 +67,16 @@ def _fit_labels(values: np.ndarray, weights, total: int = REF) -> list:
 
 def _outer_splits(ref) -> list:
     """The first splits a schedule may make before cutting its parts again: its rings'
-    weights, or its machines' equal parts (a hierarchical schedule's rails), or none."""
+    weights, its machines' equal parts (a hierarchical schedule's rails), its lanes or its
+    segments, or none."""
     out = [ref.options.get("weights") or [1.0]]
     if ref.options.get("local_size"):
         out.append([1.0] * int(ref.options["local_size"]))
+    if ref.lane is not None and len(ref.lane):          # NCCL's lanes (channels), each an equal part,
+        lanes = int(ref.lane.max()) + 1                  # or each part two lanes (a tree's up and down)
+        out += [[1.0] * k for k in sorted({lanes, lanes // 2} - {0})]
+    if ref.options.get("segments"):                      # a pipeline's segments, cut again inside
+        out.append([1.0] * int(ref.options["segments"]))
     return out
 
 
@@ -120,11 +126,13 @@ def _check(form: dict, rows: np.ndarray, build, checked=CHECKED) -> None:
         if (len(t) != kept.sum() or (_rows(t) != rows[:, kept]).any() or (t["offset"] != offset[kept]).any()
                 or (t["count"] != count[kept]).any()):
             raise Unfit(f"the labels do not reproduce the schedule at {d} elements")
+        if form.get("lane") is not None and (s.lane is None or (s.lane != np.asarray(form["lane"])[kept]).any()):
+            raise Unfit(f"the lanes are not the same at {d} elements")
         if madds is not None and (len(s.compute) != len(madds) or (s.compute["madds"] != madds).any()):
             raise Unfit(f"the compute does not scale as ceil(d / c) at {d} elements")
 
 
-PACKED = ("src", "dst", "round", "op", "a", "b", "q", "carried", "channel")
+PACKED = ("src", "dst", "round", "op", "a", "b", "q", "carried", "channel", "lane")
 
 
 def pack(values: list) -> list | dict:
@@ -165,6 +173,14 @@ def packed(data: dict) -> dict:
     return out
 
 
+def _lanes(ref) -> list | None:
+    """Each transfer's lane where the schedule runs several (NCCL's channels: the simulator
+    keeps each lane's steps in their own order), else None."""
+    if ref.lane is None or not len(ref.lane) or (ref.lane == ref.lane[0]).all():
+        return None
+    return ref.lane.tolist()
+
+
 def schedule_data(build, ref_elements: int = REF, checked=CHECKED) -> dict:
     """One schedule family as data: ``build(d)`` gives the schedule for ``d`` elements.
     Its transfers (src, dst, round, op), their pieces as cut labels or multiples of
@@ -172,15 +188,16 @@ def schedule_data(build, ref_elements: int = REF, checked=CHECKED) -> dict:
     ref = build(ref_elements)
     rows = _rows(ref.transfers)
     form = None
+    lane = _lanes(ref)
     for outer in _outer_splits(ref):
         try:
-            form = _cut_form(ref, outer) if ref.codec is None else _ceil_form(ref)
+            form = {**(_cut_form(ref, outer) if ref.codec is None else _ceil_form(ref)), "lane": lane}
             _check(form, rows, build, checked)
             break
         except Unfit:
             form = None
     if form is None:
-        form = _ceil_form(ref)
+        form = {**_ceil_form(ref), "lane": lane}
         _check(form, rows, build, checked)
     src, dst, rnd, op = rows.tolist()
     return {**form, "src": src, "dst": dst, "round": rnd, "op": op, "rounds": ref.rounds,

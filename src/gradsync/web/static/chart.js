@@ -8,12 +8,18 @@
 const Chart = (() => {
   const STYLES = [["#f59e0b", "circle"], ["#22c55e", "square"], ["#38bdf8", "triangle"], ["#f472b6", "diamond"],
                   ["#a78bfa", "cross"], ["#facc15", "plus"], ["#fb7185", "star"], ["#2dd4bf", "down"], ["#e2e8f0", "hexagon"],
-                  ["#84cc16", "ring"], ["#fb923c", "bar"], ["#60a5fa", "x-square"]];
+                  ["#84cc16", "ring"], ["#fb923c", "bar"], ["#60a5fa", "x-square"], ["#34d399", "open-square"],
+                  ["#fcd34d", "open-triangle"], ["#e879f9", "open-diamond"], ["#94a3b8", "open-down"]];
   const GLYPH = { circle: "●", square: "■", triangle: "▲", diamond: "◆", cross: "✕", plus: "+", star: "★", down: "▼",
-                  hexagon: "⬢", ring: "○", bar: "▬", "x-square": "⊠" };
+                  hexagon: "⬢", ring: "○", bar: "▬", "x-square": "⊠", "open-square": "□", "open-triangle": "△",
+                  "open-diamond": "◇", "open-down": "▽" };
   const style = (k) => STYLES[k % STYLES.length];
 
   function marker(g, kind, x, y, r) {
+    if (kind.startsWith("open-")) {                 // the shape's outline: four more styles, still apart
+      const fill = g.fillStyle; g.fillStyle = "rgba(0,0,0,0)"; marker(g, kind.slice(5), x, y, r);
+      g.fillStyle = fill; g.lineWidth = 2; g.stroke(); return;
+    }
     g.beginPath();
     if (kind === "circle" || kind === "ring") g.arc(x, y, r, 0, 2 * Math.PI);
     else if (kind === "square" || kind === "x-square") g.rect(x - r, y - r, 2 * r, 2 * r);

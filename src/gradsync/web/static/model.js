@@ -122,7 +122,8 @@ const gradsyncModel = (() => {
   // ---- the topology as channels (simulate.network._Net, _pair_routes) ---------------------------
   function withLinks(topo, bandwidth, latency) {                    // web.view._with_links
     if (bandwidth === null && latency === null) return topo;
-    return { ...topo, links: topo.links.map((l) => ({ ...l, bandwidth: bandwidth || l.bandwidth, latency: latency === null ? l.latency : latency })) };
+    return { ...topo, uniform: bandwidth !== null,       // links of one bandwidth: one tier, so switches may reduce for other groups
+             links: topo.links.map((l) => ({ ...l, bandwidth: bandwidth || l.bandwidth, latency: latency === null ? l.latency : latency })) };
   }
   // Routes depend on the topology only: found once per topology object (the page keeps one
   // object per preset, workers and links), as Topology caches its own.
@@ -208,15 +209,19 @@ const gradsyncModel = (() => {
   }
 
   // ---- steps and the event loop (flows._steps, engine._run) -------------------------------------
-  function steps(s, kept, count, madds, nt, rounds) {
+  // With lanes (NCCL's channels) a node's steps are one track per lane, each in its own order.
+  function steps(s, kept, offset, count, madds, nt, rounds) {
+    const lanes = s.lane ? Math.max(...s.lane) + 1 : 1, lane = (j) => (s.lane ? s.lane[j] : 0);
     const key = new Map(), keys = [];
     const add = (k) => { if (!key.has(k)) { key.set(k, -1); keys.push(k); } };
-    for (const j of kept) { add(s.src[j] * rounds + s.round[j]); add(s.dst[j] * rounds + s.round[j]); }
-    const comp = madds ? s.compute.node.map((nd, c) => [nd * rounds + s.compute.round[c], madds[c]]) : [];
+    const srcKey = (j) => (s.src[j] * lanes + lane(j)) * rounds + s.round[j], dstKey = (j) => (s.dst[j] * lanes + lane(j)) * rounds + s.round[j];
+    for (const j of kept) { add(srcKey(j)); add(dstKey(j)); }
+    const comp = madds ? s.compute.node.map((nd, c) => [nd * lanes * rounds + s.compute.round[c], madds[c]]) : [];
     for (const [k] of comp) add(k);
     keys.sort((a, b) => a - b); keys.forEach((k, i) => key.set(k, i));
-    const stepNode = keys.map((k) => Math.floor(k / rounds)), added = new Float64Array(keys.length), work = new Float64Array(keys.length);
-    const stepSrc = kept.map((j) => key.get(s.src[j] * rounds + s.round[j])), stepDst = kept.map((j) => key.get(s.dst[j] * rounds + s.round[j]));
+    const stepTrack = keys.map((k) => Math.floor(k / rounds)), stepNode = stepTrack.map((t) => Math.floor(t / lanes));
+    const added = new Float64Array(keys.length), work = new Float64Array(keys.length);
+    const stepSrc = kept.map((j) => key.get(srcKey(j))), stepDst = kept.map((j) => key.get(dstKey(j)));
     kept.forEach((j, f) => { if (s.op[j] !== COPY) added[stepDst[f]] += count[j]; });
     const madd = new Float64Array(keys.length); for (const [k, m] of comp) madd[key.get(k)] += m;
     const messages = new Float64Array(keys.length); for (const st of stepSrc.concat(stepDst)) messages[st] += 1;
@@ -226,17 +231,49 @@ const gradsyncModel = (() => {
       work[i] = work[i] + nt.perRound[stepNode[i]];
       if (anyOverhead) work[i] = work[i] + messages[i] * nt.overhead[stepNode[i]];
     }
-    return { stepSrc, stepDst, stepNode, work };
+    const deps = lanes > 1 ? dataDeps(s, kept, count, offset, stepSrc, stepDst, stepTrack) : [];
+    return { stepSrc, stepDst, stepNode, stepTrack, work, deps };
+  }
+
+  // Where a flow sends on data that reached its sender in another track: [the step that sends
+  // it, the flow it waits for], the latest earlier arrival of the same segment (flows._data_deps).
+  function dataDeps(s, kept, count, offset, stepSrc, stepDst, stepTrack) {
+    const F = kept.length, entries = [];
+    kept.forEach((j, f) => {
+      entries.push([s.dst[j], offset[j], count[j], s.round[j], 1, f]);       // an arrival
+      entries.push([s.src[j], offset[j], count[j], s.round[j], 0, F + f]);   // a send
+    });
+    entries.sort((a, b) => a[0] - b[0] || a[1] - b[1] || a[2] - b[2] || a[3] - b[3] || a[4] - b[4] || a[5] - b[5]);
+    const deps = [];
+    let before = -1;
+    entries.forEach((e, i) => {
+      const p = entries[i - 1];
+      if (!p || p[0] !== e[0] || p[1] !== e[1] || p[2] !== e[2]) before = -1;   // a new node and segment
+      if (e[4] === 1) { before = e[5]; return; }
+      const f = e[5] - F;
+      if (before >= 0 && stepTrack[stepSrc[f]] !== stepTrack[stepDst[before]]) deps.push([stepSrc[f], before]);
+    });
+    return deps;
   }
   function run(flows, st, nt, nodes) {
-    const F = flows.nbytes.length, S = st.stepNode.length, isLast = st.stepNode.map((nd, i) => i === S - 1 || st.stepNode[i + 1] !== nd);
+    const F = flows.nbytes.length, S = st.stepNode.length, track = st.stepTrack;
+    const isLast = track.map((t, i) => i === S - 1 || track[i + 1] !== t);
     const byStep = Array.from({ length: S }, () => []), left = new Int32Array(S), need = new Int32Array(F).fill(2);
     for (let f = 0; f < F; f++) { byStep[st.stepSrc[f]].push(f); byStep[st.stepDst[f]].push(f); left[st.stepSrc[f]]++; left[st.stepDst[f]]++; }
     const start = new Float64Array(F).fill(NaN), sent = new Float64Array(F).fill(NaN), done = new Float64Array(F).fill(NaN);
     const nodeDone = new Float64Array(nodes), busy = new Float64Array(nt.capacity.length);
+    // a step that sends on another track's data is held until that flow is delivered (engine._Steps)
+    const depLeft = new Int32Array(S), waiters = Array.from({ length: F }, () => []), held = new Float64Array(S).fill(NaN);
+    for (const [step, flow] of st.deps) { depLeft[step]++; waiters[flow].push(step); }
     let pending = [], active = [], remaining = [], flying = [], rate = [], now = 0;
-    for (let i = 0; i < S; i++) if (i === 0 || st.stepNode[i] !== st.stepNode[i - 1]) pending.push([i, nt.startup[st.stepNode[i]]]);
-    const advance = (finished) => { for (const i of finished) { const end = now + st.work[i]; if (isLast[i]) nodeDone[st.stepNode[i]] = end; else pending.push([i + 1, end]); } };
+    const becomeReady = (i, at) => { if (depLeft[i] > 0) held[i] = at; else pending.push([i, at]); };
+    const release = (flow) => {
+      for (const i of waiters[flow]) if (--depLeft[i] === 0 && !Number.isNaN(held[i])) { pending.push([i, Math.max(held[i], now)]); held[i] = NaN; }
+    };
+    for (let i = 0; i < S; i++) if (i === 0 || track[i] !== track[i - 1]) becomeReady(i, nt.startup[st.stepNode[i]]);
+    const advance = (finished) => {
+      for (const i of finished) { const end = now + st.work[i]; if (isLast[i]) nodeDone[st.stepNode[i]] = Math.max(nodeDone[st.stepNode[i]], end); else becomeReady(i + 1, end); }
+    };
     while (active.length || flying.length || pending.length) {
       const drainAt = active.map((f, j) => now + remaining[j] / rate[j]);
       let nxt = Infinity;
@@ -264,6 +301,7 @@ const gradsyncModel = (() => {
         for (const [f] of arrived) { done[f] = now; for (const s of [st.stepSrc[f], st.stepDst[f]]) { left[s]--; } }
         for (const [f] of arrived) for (const s of [st.stepSrc[f], st.stepDst[f]]) if (left[s] === 0) finished.add(s);
         advance(finished);
+        for (const [f] of arrived) release(f);
       }
       const ready = pending.filter(([, x]) => x <= now * (1 + 1e-15) + 1e-18);     // 3. ready steps post
       if (ready.length) {
@@ -278,9 +316,19 @@ const gradsyncModel = (() => {
     return { start, sent, done, nodeDone, busy };
   }
 
+  // Where a helper node runs (simulate.network._placement): 'host' on the host, a switch on
+  // the node the export found for it (Topology.reducer_for), or the simulator's refusal.
+  function helperNode(topo, helper, algorithm) {
+    if (helper === "host") return topo.host;
+    const where = topo.reducers && topo.reducers[topo.uniform ? "|uniform" : ""][helper];
+    if (where === undefined) throw Object.assign(new Error(`no placement for helper node '${helper}'`), { field: "algorithm" });
+    if (typeof where === "number") return where;
+    throw Object.assign(new Error(where.refused.replace("{algorithm}", algorithm)), { field: "algorithm" });
+  }
+
   // A schedule family at `elements` on a topology (indices of the nodes it runs on): gradsync.simulate.
   function simulate(s, elements, topo, itemsize = 4) {
-    const placement = topo.workers.slice(0, s.workers).concat(s.helpers.map(() => topo.host));
+    const placement = topo.workers.slice(0, s.workers).concat(s.helpers.map((h) => helperNode(topo, h, s.name)));
     const nt = net(topo, placement), { kept, offset, count, madds } = pieces(s, elements);
     const routes = new Map(), paths = [], latency = [], nbytes = [], inbound = [];
     for (const j of kept) {
@@ -289,7 +337,7 @@ const gradsyncModel = (() => {
       const r = routes.get(k);
       paths.push(r.channels); latency.push(r.latency); nbytes.push(count[j] * itemsize); inbound.push(nt.nodeChannel[s.dst[j]]);
     }
-    const st = steps(s, kept, count, madds, nt, Math.max(s.rounds, 1));
+    const st = steps(s, kept, offset, count, madds, nt, Math.max(s.rounds, 1));
     const out = run({ paths, latency, nbytes, inbound }, st, nt, s.nodes);
     const channelBytes = new Float64Array(nt.capacity.length);
     paths.forEach((p, f) => { for (const ch of p) channelBytes[ch] += nbytes[f]; });
@@ -297,76 +345,6 @@ const gradsyncModel = (() => {
     return { time, kept, offset, count, placement, routes, ...out, channelBytes, nt };
   }
 
-  // When a rank that began waiting at `began` raises, the failure reaching it at `seen`
-  // (web/failures.detected): crash, its next liveness check; stall, the collective's deadline.
-  function detected(detection, every, timeout, began, seen) {
-    if (detection === "stall") return Math.max(began, seen, timeout);
-    if (every <= 0) return Math.max(began, seen);
-    return began + every * Math.max(1, Math.ceil((seen - began) / every));
-  }
-
-  // Which transfers complete when worker `device` crashes (or stalls) at `at` seconds, and when
-  // and why each other worker stops, with the runtime's detection delay (web/failures.failure,
-  // step for step). `s`: src, dst, round per transfer; `sim`: kept (transfer of each flow),
-  // start, done; `opts`: detection ("crash" | "stall"), check_every_s, timeout_s.
-  function failure(s, sim, device, at, opts) {
-    const detection = opts.detection, every = opts.check_every_s, timeout = opts.timeout_s;
-    if (detection !== "crash" && detection !== "stall") throw new Error(`detection must be one of crash, stall, got '${detection}'`);
-    const m = sim.kept.length, src = [], dst = [], rnd = [];
-    for (let f = 0; f < m; f++) { src.push(s.src[sim.kept[f]]); dst.push(s.dst[sim.kept[f]]); rnd.push(s.round[sim.kept[f]]); }
-    let nodes = device + 1; for (let f = 0; f < m; f++) nodes = Math.max(nodes, src[f] + 1, dst[f] + 1);
-    const order = [...Array(m).keys()].sort((a, b) => sim.start[a] - sim.start[b]);
-    const end = new Array(nodes).fill(Infinity), stuck = new Array(nodes).fill(Infinity), cause = new Map(), rounds = new Map();
-    end[device] = at;
-    for (const i of order) for (const x of [src[i], dst[i]]) {
-      const key = x + "|" + rnd[i]; if (!rounds.has(key)) rounds.set(key, []); rounds.get(key).push(i);
-    }
-    const completes = (i) => rnd[i] <= stuck[src[i]] && rnd[i] <= stuck[dst[i]] && sim.done[i] <= Math.min(end[src[i]], end[dst[i]]);
-    for (let changed = true; changed;) {
-      changed = false;
-      for (const i of order) {
-        if (completes(i)) continue;
-        for (const x of [src[i], dst[i]]) if (x !== device && stuck[x] > rnd[i]) { stuck[x] = rnd[i]; changed = true; }
-      }
-      for (let x = 0; x < nodes; x++) {
-        if (x === device || stuck[x] === Infinity) continue;
-        const r = stuck[x], mine = rounds.get(x + "|" + r);
-        let seen = Infinity, why = null;
-        for (const i of mine) {
-          if (completes(i)) continue;
-          const y = src[i] === x ? dst[i] : src[i];
-          let v, via;
-          if (y === device || stuck[y] < r) { v = at; via = false; }          // the death, or a peer that never gets here
-          else if (end[y] < Infinity) { v = end[y]; via = true; }            // a survivor that stopped
-          else continue;
-          if (v < seen) { seen = v; why = [i, y, via]; }
-        }
-        if (why === null) continue;
-        const began = sim.start[mine[0]], when = detected(detection, every, timeout, began, seen);
-        if (when < end[x]) { end[x] = when; cause.set(x, [began, seen, ...why]); changed = true; }
-      }
-    }
-    const completed = order.map((_, i) => completes(i)), stopped = [];
-    for (let x = 0; x < nodes; x++) {
-      if (x === device) stopped.push({ node: x, at_s: at, died_s: at, began_s: null, seen_s: at, waited_for: null,
-        message: detection === "crash" ? "died: its process is gone" : "stalled: alive, but it no longer sends or receives" });
-      else if (end[x] < Infinity) {
-        const [began, seen, i, y, via] = cause.get(x);
-        stopped.push({ node: x, at_s: end[x], died_s: at, began_s: began, seen_s: seen, waited_for: y,
-                       message: failureMessage(detection, every, device, y, dst[i] === x ? "receive from" : "send to", via) });
-      }
-    }
-    return { device, at_s: at, detection, check_every_s: every, timeout_s: timeout, completed, stopped };
-  }
-
-  function failureMessage(detection, every, device, peer, direction, via) {    // web/failures._message
-    const waited = `while this rank waited to ${direction} rank ${peer}`;
-    if (detection === "stall") return `PeerError: rank ${device} did not answer before the timeout ${waited}`;
-    if (every <= 0) return `PeerError: rank ${device} failed (its connection closed) ${waited}`;
-    if (via) return `PeerError: rank ${device} died (recorded in the group's segment), seen at this rank's next liveness check once rank ${peer} had stopped, ${waited}`;
-    return `PeerError: rank ${device} died (its process is gone), seen at this rank's next liveness check ${waited}`;
-  }
-
-  return { parseSize, parseBandwidth, parseTime, chunkBounds, pieces, withLinks, simulate, failure, detected, route, net };
+  return { parseSize, parseBandwidth, parseTime, chunkBounds, pieces, withLinks, simulate, route, net };
 })();
 if (typeof window !== "undefined") window.gradsyncModel = gradsyncModel;

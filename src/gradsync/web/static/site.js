@@ -17,7 +17,7 @@ const gradsyncSite = (() => {
   }
   function unpacked(f) {
     if (f.unpacked) return f;
-    for (const key of ["src", "dst", "round", "op", "a", "b", "q", "carried", "channel"]) if (key in f) f[key] = unpack(f[key]);
+    for (const key of ["src", "dst", "round", "op", "a", "b", "q", "carried", "channel", "lane"]) if (key in f) f[key] = unpack(f[key]);
     if (f.compute) for (const key of Object.keys(f.compute)) f.compute[key] = unpack(f.compute[key]);
     f.unpacked = true;
     return f;
@@ -104,7 +104,7 @@ const gradsyncSite = (() => {
   function compose(parts) {
     if (parts.length === 1) return { family: parts[0].family, elements: parts[0].elements };
     const f = { mode: "given", src: [], dst: [], round: [], op: [], carried: [], offset: [], count: [], rounds: 0, nodes: 0,
-                workers: parts[0].family.workers, helpers: parts[0].family.helpers, options: {}, narration: null, estimate: null,
+                workers: parts[0].family.workers, helpers: parts[0].family.helpers, name: `${parts[0].family.name} x ${parts.length}`, options: {}, narration: null, estimate: null,
                 compute: { node: [], round: [] }, madds: null };   // as the server's composed schedule: no local compute
     let offset = 0;
     for (const { family, elements } of parts) {
@@ -189,7 +189,7 @@ const gradsyncSite = (() => {
     if (p.fail) {
       const { device, at } = p.fail;
       if (!(Number.isInteger(device) && device >= 0 && device < c.n)) throw fieldError("fail-device", `fail.device must be a worker in 0..${c.n - 1}, got ${device}`);
-      const fail = M.failure({ src: out.transfers.src, dst: out.transfers.dst, round: out.transfers.round },
+      const fail = gradsyncFailures.failure({ src: out.transfers.src, dst: out.transfers.dst, round: out.transfers.round },
                              { kept: kept.map((_, i) => i), start: sim.start, done: sim.done }, device, at * sim.time, detectionOf(core, p.fail));
       out.failure = { ...fail, recovery: recovery(core, schedules, p, c.n) };
     }
