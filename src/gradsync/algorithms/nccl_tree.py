@@ -38,6 +38,7 @@ Only 2 log2 M network steps separate the leaves from the root, so at thousands o
 is far faster than a ring's 2 (N - 1) steps, for the same bytes per NIC."""
 
 
+import functools
 import math
 
 import numpy as np
@@ -101,6 +102,19 @@ def lanes(workers: int, local_size=None, channels=None) -> list[np.ndarray]:
     return out
 
 
+@functools.lru_cache(maxsize=128)
+def _trees(workers: int, local_size, channels) -> tuple:
+    """Each lane's tree as (parent, height, depth), read-only: the cost model asks for the same
+    trees at every size it prices, so they are worked out once per shape."""
+    out = []
+    for parent in lanes(workers, local_size, channels):
+        height, depth = heights_depths(parent)
+        for a in (parent, height, depth):
+            a.setflags(write=False)
+        out.append((parent, height, depth))
+    return tuple(out)
+
+
 def heights_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each node's height (distance to its deepest leaf) and depth in the tree ``parent``.
 
@@ -109,17 +123,17 @@ def heights_depths(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     n = len(parent)
     depth = np.zeros(n, np.int64)
-    todo = parent >= 0
-    frontier = np.flatnonzero(parent < 0)
-    level = 0
-    while len(frontier):
-        depth[frontier] = level
-        frontier = np.flatnonzero(np.isin(parent, frontier))
-        level += 1
+    has_parent = parent >= 0
+    up = np.where(has_parent, parent, 0)
+    levels = [np.flatnonzero(~has_parent)]
+    while len(levels[-1]):                                 # level by level from the roots: O(n) each
+        on = np.zeros(n, bool)
+        on[levels[-1]] = True
+        levels.append(np.flatnonzero(has_parent & on[up]))
+        depth[levels[-1]] = len(levels) - 1
     height = np.zeros(n, np.int64)
-    for node in np.argsort(-depth, kind="stable"):         # deepest first: children before parents
-        if todo[node]:
-            height[parent[node]] = max(height[parent[node]], height[node] + 1)
+    for nodes in reversed(levels[1:]):                     # deepest first: children before parents
+        np.maximum.at(height, parent[nodes], height[nodes] + 1)
     return height, depth
 
 
@@ -145,12 +159,12 @@ def schedule(workers: int, elements: int, local_size: int | None = None, channel
     7
     """
     workers, elements = check_size(workers, elements)
-    parents = lanes(workers, local_size, channels)
+    trees = _trees(workers, local_size, channels)
+    parents = [parent for parent, _, _ in trees]
     segments = _segments(elements, len(parents), workers, segments)
     lane_bounds = chunk_bounds(elements, len(parents))
     tables, lane_of = [], []
-    for k, parent in enumerate(parents):
-        height, depth = heights_depths(parent)
+    for k, (parent, height, depth) in enumerate(trees):
         top = int(height.max(initial=0))
         child = np.flatnonzero(parent >= 0)
         bounds = lane_bounds[k] + chunk_bounds(int(lane_bounds[k + 1] - lane_bounds[k]), segments)
@@ -177,7 +191,8 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     ``round(cost(8, 8e6, Net(1e-6, 1 / 10e9), segments=8) * 1e3, 3)`` is 4.43."""
     if workers == 1:
         return 0.0
-    parents = lanes(workers, local_size, channels)
+    trees = _trees(workers, local_size, channels)
+    parents = [parent for parent, _, _ in trees]
     segments = _segments(max(1, int(nbytes // itemsize)), len(parents), workers, segments, budget=False)
     seg_bytes = nbytes / len(parents) / segments
     machines, local, _ = _machines(workers, local_size, channels)
@@ -185,46 +200,45 @@ def cost(workers: int, nbytes: float, net: Net, itemsize: int = 4, local_size=No
     alpha_local = net.local_alpha or net.alpha
     alpha = net.alpha if machines > 1 else alpha_local
     if net.posted:               # a pipeline: S segments behind a fill of its depth, latencies once along it
-        inside, across, depth = _steady_loads(parents, local)
+        inside, across, depth = _steady_loads(trees, local)
         per_segment = max(inside * beta_local, across * net.beta) * seg_bytes
         hops = int(math.log2(machines)) + 1 if machines > 1 else 0
         filling = min(1.0, 2 / len(parents))    # while it fills, a link carries the first segment of one
                                                  # channel's two trees, not every lane's
         return float((segments - 1 + depth * filling) * per_segment + 2 * ((local - 1) * alpha_local + hops * alpha))
-    inside, across = _loads(parents, segments, local)
+    inside, across = _loads(trees, segments, local)
     per_round = np.maximum(inside * beta_local, across * net.beta) * seg_bytes \
-        + _adds(parents, segments) * seg_bytes / itemsize * net.gamma
+        + _adds(trees, segments) * seg_bytes / itemsize * net.gamma
     return float(np.sum(per_round + alpha))
 
 
-def _steady_loads(parents, local):
+def _steady_loads(trees, local):
     """In the pipeline's steady state, the most segments one node moves each way per round on the
     chains and across machines (every lane: its children up and its parent down in, the reverse
     out), and the pipeline's depth (2 H rounds of the deepest lane)."""
-    n = len(parents[0])
+    n = len(trees[0][0])
     machine = np.arange(n) // local
     load = np.zeros((2, n))
     depth = 0
-    for parent in parents:
+    for parent, height, _ in trees:
         child = np.flatnonzero(parent >= 0)
         far = (machine[child] != machine[parent[child]]).astype(np.int64)
         np.add.at(load, (far, child), 1)              # a child's edge to its parent: one segment each way
         np.add.at(load, (far, parent[child]), 1)      # the parent's edge to the child, likewise
-        depth = max(depth, 2 * int(heights_depths(parent)[0].max(initial=0)))
+        depth = max(depth, 2 * int(height.max(initial=0)))
     return load[0].max(initial=0), load[1].max(initial=0), depth
 
 
-def _rounds(parents, segments) -> int:
-    return max(segments + 2 * int(heights_depths(p)[0].max(initial=0)) - 1 for p in parents)
+def _rounds(trees, segments) -> int:
+    return max(segments + 2 * int(height.max(initial=0)) - 1 for _, height, _ in trees)
 
 
-def _loads(parents, segments, local):
+def _loads(trees, segments, local):
     """Per round, the most segments one node sends or receives on the chains and across machines."""
-    n, rounds = len(parents[0]), _rounds(parents, segments)
+    n, rounds = len(trees[0][0]), _rounds(trees, segments)
     out = np.zeros((2, 2, n, rounds), np.int64)              # (inside, across) x (send, receive)
     machine = np.arange(n) // local
-    for parent in parents:
-        height, depth = heights_depths(parent)
+    for parent, height, depth in trees:
         top = int(height.max(initial=0))
         child = np.flatnonzero(parent >= 0)
         far = (machine[child] != machine[parent[child]]).astype(np.int64)
@@ -236,13 +250,12 @@ def _loads(parents, segments, local):
     return load[0], load[1]
 
 
-def _adds(parents, segments):
+def _adds(trees, segments):
     """Per round, the most segments one node adds in one lane (those it receives going up; its
     lanes are separate tracks, as NCCL's channels run on separate SMs)."""
-    most = np.zeros(_rounds(parents, segments), np.int64)
-    for parent in parents:
+    most = np.zeros(_rounds(trees, segments), np.int64)
+    for parent, height, _ in trees:
         adds = np.zeros((len(parent), len(most)), np.int64)
-        height, _ = heights_depths(parent)
         child = np.flatnonzero(parent >= 0)
         r = height[child][:, None] + np.arange(segments)[None, :]
         np.add.at(adds, (parent[child][:, None], r), 1)
