@@ -320,6 +320,7 @@ def test_a_rank_killed_under_torchrun_and_training_resumes_under_the_elastic_age
     assert final["gradsync"][0] == final["gloo"][0]              # from the checkpoint, to the same weights
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_on_two_hosts_auto_weighs_hierarchical_and_it_runs_through_the_backend(auto_cache):
     # two hosts of two ranks, as the ranks report them (GRADSYNC_HOST): one machine here
     for r in run(bodies.two_emulated_hosts, 4, timeout=120):
@@ -343,6 +344,7 @@ def test_a_failed_collective_fails_ddps_backward_with_its_words_never_a_crash():
         assert "rank 9 died" in message and "Unable to cast" not in message, (name, message)
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_after_a_rank_dies_the_survivors_abort_destroy_and_form_a_new_group_that_works_leaving_nothing():
     results = run(bodies.recover_after_a_death, 3, 2, tolerate=True, timeout=120)
     for r in results[:2]:
@@ -351,6 +353,7 @@ def test_after_a_rank_dies_the_survivors_abort_destroy_and_form_a_new_group_that
         assert r["mapped"] == 0 and r["threads"] == [], r  # nothing of either group left
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_the_monitored_barrier_torch_keeps_to_gloo_runs_on_the_engine_and_names_who_is_missing():
     results = run(bodies.monitored, 3, 2, timeout=120)
     assert "2" in results[0]["message"] and not results[0]["passed"], results[0]    # rank 0 names rank 2

@@ -33,7 +33,7 @@ def test_ranks_reading_different_collectives_all_raise_mismatch():
         assert r["error"] and r["error"].startswith("MismatchError"), r
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "sharded"])
+@pytest.mark.parametrize("algorithm", ["one_shot", pytest.param("sharded", marks=pytest.mark.slow)])
 def test_a_killed_rank_is_named_by_every_survivor_of_a_collective_by_reads(algorithm):
     timeout, before = 3.0, segments()
     results = run(bodies.killed_rank, 4, 2, timeout, "shm", algorithm, timeout=60, tolerate=True)
@@ -110,6 +110,7 @@ def test_a_futex_sleeper_wakes_when_the_word_changes_and_not_before():
     assert woke and woke[0] - changed < 1.0    # woken by the wake, long before its 5 s timeout
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_bench_sets_each_shared_buffer_row_beside_its_memory_bound():
     out = subprocess.run([sys.executable, "-m", "gradsync", "bench", "-n", "2", "--sizes", "64KB,4MB", "--iters", "5",
                           "--algorithms", "auto,one_shot,ring", "--transport", "shm", "--format", "json"],

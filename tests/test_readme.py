@@ -14,6 +14,7 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_the_runtime_example_runs_and_prints_what_it_says(tmp_path):
     block = next(b for b in python_blocks() if "def worker" in b)
     script = tmp_path / "example.py"

@@ -11,7 +11,7 @@ from gradsync.tools.launch import run
 TOLERANCE = {"torch.float32": 1e-6, "torch.float64": 1e-13, "torch.int32": 0.0, "torch.bfloat16": 2e-2}
 
 
-@pytest.mark.parametrize("workers", [3, 4])
+@pytest.mark.parametrize("workers", [3, pytest.param(4, marks=pytest.mark.slow)])
 def test_every_algorithm_dtype_and_length_sums_exactly(workers):
     results = run(bodies.every_algorithm, workers)
     for key, error in results[0].items():
@@ -21,6 +21,7 @@ def test_every_algorithm_dtype_and_length_sums_exactly(workers):
             assert rank_result[key] <= tol, (key, rank_result[key])
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_cerar_in_pieces_overlapping_rounds_is_still_right():
     for r in run(bodies.cerar_in_pieces, 3):
         assert r["exact"] < 1e-12 and 1e-6 < r["approx"] < 1e-2, r
@@ -57,6 +58,7 @@ def test_a_dead_peer_gives_peer_error_within_the_timeout(algorithm):
     assert all(r["peer"] == 3 for r in survivors), survivors
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_a_stalled_peer_times_out_naming_it():
     results = run(bodies.stalled_peer, 3, 2.0, timeout=60)
     for r in results[1:]:
@@ -103,6 +105,7 @@ def test_non_finite_gradients_are_refused_on_every_rank_when_asked():
         assert r["untouched"] and r["spread"]      # off by default: NaN spreads, as in any sum
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_a_straggler_is_warned_about_then_finishes():
     results = run(bodies.straggler, 3, 1.5)
     for r in results:
@@ -121,11 +124,13 @@ def test_workers_listen_on_loopback_only():
         assert set(addresses) <= {"127.0.0.1", "::1"}, (rank, addresses)
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_posting_to_a_peer_already_gone_is_a_peer_error():
     r = run(bodies.late_to_a_dead_peer, 2, timeout=60, tolerate=True)[0]
     assert isinstance(r, dict) and r["error"] is not None and r["peer"] == 1, r
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_local_workers_start_with_one_openmp_thread_and_the_parent_keeps_its_environment(monkeypatch):
     # as torchrun does; OpenMP reads OMP_NUM_THREADS when torch loads, so it must be in the
     # workers' environment from the start (set inside the worker, torch still ran 2 threads)

@@ -135,6 +135,7 @@ def test_kill_trials_over_shared_memory_name_the_victim_and_leave_no_segment():
     assert summary["segments_left"] == 0, summary
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_a_group_spanning_hosts_sums_exactly_over_shared_memory_inside_each():
     """Two emulated machines of two ranks (GRADSYNC_HOST) without a launcher variable: "auto"
     picks the mixed transport, the ranks learn local_size = 2 from their hosts, and ring and

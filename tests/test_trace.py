@@ -48,6 +48,7 @@ def traced_group(workers, algorithm, elements, calls=1, **options):
     return trace.merge([t.to_dict() for t in traces])
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_a_4_rank_ring_bench_trace_holds_2n_minus_1_rounds_per_rank_in_order():
     workers, nbytes = 4, 4096
     results = run(bench.worker, workers, [nbytes], ["ring"], 2, "float32", 30.0, {}, False, None, True, timeout=120)

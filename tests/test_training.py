@@ -8,6 +8,7 @@ import pytest
 from gradsync.training.train import TrainConfig, train
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_two_workers_train_exactly_like_one_on_the_whole_batch():
     cfg = TrainConfig(algorithm="ring", epochs=2, batch_size=64)
     one = train(1, cfg)["history"]
@@ -36,6 +37,7 @@ def test_cerar_reports_its_error_and_drift_and_resync_removes_the_drift():
     assert fixed["replica_max_diff"] == 0.0 and fixed["resync_s"] > 0 and fixed["resync_bytes"] > 0
 
 
+@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_train_cli_json_and_bad_input():
     run = subprocess.run([sys.executable, "-m", "gradsync", "train", "--workers", "2", "--epochs", "1",
                           "--format", "json"], capture_output=True, text=True, timeout=300)
