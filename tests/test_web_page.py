@@ -307,7 +307,8 @@ def test_the_chart_and_header_follow_the_codec(offline):
     assert sum(b["text"].startswith("D2L") for b in chart["boxes"]) == 3
     # the caption promises the dashed closed forms, and the curves have them (the preset's links)
     assert "closed form: dashed" in page.text_content("#chart-caption")
-    assert all(any(x for x in c["closed_form_s"]) for c in page.evaluate("window.gradsyncStats.chart.curves").values())
+    drawn = [c for c in page.evaluate("window.gradsyncStats.chart.curves").values() if any(c["simulated_s"])]
+    assert drawn and all(any(x for x in c["closed_form_s"]) for c in drawn)    # nvls runs on no preset here
     page.select_option("#topology", "ring")
     assert page.errors == []
 

@@ -125,6 +125,7 @@ def _families(topologies, names) -> tuple[dict, dict, dict, dict]:
     """Every schedule family the page may draw, keyed by workers and options; the index from
     (algorithm, preset, workers, segments, links) to it; the topologies; the closed forms."""
     families, index, topo_data, closed = {a: {} for a in names}, {}, {}, {}
+    placed = set()                    # families whose helpers run somewhere they are indexed
     for preset, n, topo, uniform, data in _configurations(topologies):
         topo_data[f"{preset}|{n}"] = data
         data["reducers"] = {"": _reducers(topo, n), "|uniform": _reducers(uniform, n)}
@@ -138,8 +139,16 @@ def _families(topologies, names) -> tuple[dict, dict, dict, dict]:
                         families[name][key] = _try_family(name, n, options)
                     where = f"{name}|{preset}|{n}|{options.get('segments', 0)}"
                     index[where + links] = key
-                    if not links and families[name][key]:
-                        closed[where] = closed_terms(name, t, n, options)
+                    family = families[name][key]
+                    if family and all(h == "host" or isinstance(data["reducers"][links].get(h), int)
+                                      for h in family["helpers"]):
+                        placed.add((name, key))
+                        if not links:
+                            closed[where] = closed_terms(name, t, n, options)
+    for name, found in families.items():       # a switch that reduces on no preset: nothing to export
+        for key in found:
+            if (name, key) not in placed:
+                found[key] = None
     return families, index, topo_data, closed
 
 
