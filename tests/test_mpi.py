@@ -11,7 +11,6 @@ import pytest
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI is not installed")
 
 
-@pytest.mark.slow   # a multi-process run of several seconds; CI runs it with -m slow
 def test_bench_over_mpi_sums_exactly():
     run = subprocess.run([sys.executable, "-m", "gradsync", "bench", "--backend", "mpi", "--workers", "3",
                           "--sizes", "1KB,100KB", "--iters", "2", "--algorithms",
