@@ -2,8 +2,10 @@
 machine started by torchrun, the machines joined by 1 Gbit/s shaped links. Every command runs
 as one job across them; the hierarchical all-reduce groups by machine (root needed)."""
 
+import contextlib
 import json
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -28,11 +30,24 @@ def _torchrun(net, args, per_node=2, timeout=90):
                "--master-addr", net.addresses[0], "--master-port", str(net.port),
                "-m", "gradsync", *args]
         env = {**os.environ, "GLOO_SOCKET_IFNAME": net.interface, "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outs = [p.communicate(timeout=timeout) for p in procs]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      start_new_session=True))
+    outs = _outputs(procs, timeout)
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     return [out for out, _ in outs]
+
+
+def _outputs(procs, timeout):
+    """Every process's (stdout, stderr); on a timeout none of them, nor their workers (each
+    started in its own session), is left running for the next test."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 @needs_root
@@ -96,9 +111,9 @@ def test_torchrun_agents_meet_at_a_separate_store_that_none_of_them_hosts():
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "is_host=false",
              "--rdzv-id", "gradsync-test", "-m", "gradsync", "bench", "--algorithms", "ring", "--sizes", "4KB",
              "--iters", "1", "--format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}) for _ in range(2)]
-        outs = [a.communicate(timeout=120) for a in agents]
+        outs = _outputs(agents, 120)
         assert all(a.returncode == 0 for a in agents), [err[-1500:] for _, err in outs]
         reports = [out for out, _ in outs if out.strip()]
         assert len(reports) == 1 and "ring" in reports[0]              # one job, reported once

@@ -6,6 +6,7 @@ module is the embedded default for one machine.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -188,6 +189,30 @@ def launched() -> dict | None:
             return {"launcher": name, "rank": int(os.environ[rank]), "world": int(os.environ[world]),
                     "local": int(value) if value.isdigit() else int(os.environ[world])}
     return None
+
+
+def leave_launched(code: int = 0) -> None:
+    """End a rank that torchrun, mpirun or srun started: run the exit handlers (shared-memory
+    segments left, MPI finalized, Gloo waits settled), flush, and leave without interpreter
+    teardown. Elsewhere (a shell, a test), return and let the caller exit as usual.
+
+    Why: a Gloo worker thread may drop the last reference to a finished operation while the
+    interpreter is tearing down; the tensors it held then need a GIL that no longer exists, and
+    the process aborts ("terminate called without an active exception"), even after
+    ``destroy_process_group`` (the group survives while anything refers to it). torchrun reads
+    the abort as the rank's failure: a finished job reported failed, or restarted. PyTorch has
+    the problem open ("Improve mean time to detect the issue by adding warning logs when users
+    miss to call destroy_process_group"; an atexit fix was tried and abandoned).
+
+    >>> leave_launched(0) if launched() is None else None     # outside a launcher: returns
+    """
+    if not any(rank in os.environ for rank, _, _ in LAUNCHERS.values()):
+        return
+    atexit._run_exitfuncs()           # what normal exit would run: they need the interpreter alive
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def as_launched(fn, *args, timeout: float = 300.0):
