@@ -79,7 +79,7 @@ class Reader:
 
     def clause(self, text):
         """(op, exact claims as a list of (src, dst, first, end), loose checks) for one clause."""
-        text = re.sub(r"^(ring \d+ of \d+|on channel \d+): ", "", text)
+        text = re.sub(r"^((?:ring|tree) \d+ of \d+|on channel \d+): ", "", text)
         op = next(o for verb, o in VERB_OPS if re.search(rf"(which|receiver|partner|worker j) {re.escape(verb)}(:|$)", text))
         n, N = self.name, self.workers
         for pattern, expand in self.forms():
@@ -126,7 +126,43 @@ class Reader:
             (r"every worker i sends its coded packet to worker i \+ 1 \(mod (\d+)\), which .+",
              lambda m: ([(i, (i + 1) % N, 0, self.chunks) for i in range(N)], None)),
             (r"(\d+) transfers: (.+?)(?:, and (\d+) more \(listed below\))?, each receiver .+", self.listing),
+            (r"along the chain (.+?), the worker at position p \(from 0\) sends (.+) to the next, which .+",
+             lambda m: (self.along([self.path(m[1])], m[2]), None)),
+            (r"along each chain \((.+)\), the worker at position p \(from 0\) sends (.+) to the next, which .+",
+             lambda m: (self.along([self.path(x) for x in m[1].split(", ")], m[2]), None)),
+            (r"inside each machine of (\d+) workers, along the chain of local ranks (\d+(?: -> \d+)+), the worker at "
+             r"position p \(from 0\) sends (.+) to the next, which .+", self.local_chain),
         ]
+
+    def path(self, text):
+        """"A -> B -> ... -> E" (a run of consecutive workers) or "A -> B -> C" -> worker indices."""
+        nodes = [self.index[x] for x in text.split(" -> ") if x != "..."]
+        if "..." not in text:
+            return nodes
+        step = nodes[1] - nodes[0]
+        return list(range(nodes[0], nodes[-1] + step, step))
+
+    @staticmethod
+    def moved(text):
+        """"chunk 22 - p" or "chunks 6 - 2p to 7 - 2p" -> the chunks [a, b) moved at position p."""
+        m = re.fullmatch(r"chunk (\d+) ([+-]) p", text)
+        if m:
+            a, sign = int(m[1]), 1 if m[2] == "+" else -1
+            return lambda p: (a + sign * p, a + sign * p + 1)
+        m = re.fullmatch(r"chunks (\d+) ([+-]) (\d+)p to (\d+) ([+-]) (\d+)p", text)
+        a, sign, w = int(m[1]), 1 if m[2] == "+" else -1, int(m[3])
+        assert int(m[4]) == a + w - 1 and m[5] == m[2] and int(m[6]) == w, text
+        return lambda p: (a + sign * w * p, a + sign * w * p + w)
+
+    def along(self, paths, what):
+        at = self.moved(what)
+        return [(x, path[p + 1]) + at(p) for path in paths for p, x in enumerate(path[:-1])]
+
+    def local_chain(self, m):
+        size, ranks = int(m[1]), [int(x) for x in m[2].split(" -> ")]
+        assert self.workers % size == 0
+        paths = [[base + r for r in ranks] for base in range(0, self.workers, size)]
+        return self.along(paths, m[3]), None
 
     def pieces(self, text):
         """"chunks 0-1 from A and B, chunk 2 from C to D" -> [((0, 2), [a, b]), ((2, 3), [c..d])]."""
@@ -234,6 +270,9 @@ def schedules():
                              for inter in ("ring", "halving_doubling")]
             if name == "tree":
                 variants += [{"segments": 1}, {"segments": 5}]
+            if name in ("nccl_tree", "nccl_ring"):          # several machines: chains side by side, trees across
+                variants += [{"local_size": d, **({"segments": 3} if name == "nccl_tree" else {})}
+                             for d in (2, 4) if n % d == 0 and d < n]
             for options in variants:
                 yield name, n, {k: v for k, v in options.items() if k != "max_error"}
 
@@ -261,15 +300,20 @@ def check_phases(spec, s, told, machine):
     seen = {}
     for x in told:
         t = s.round(x["round"])
-        for part in x["text"].split(": ", 1)[0].split(" and "):
-            name, k, total = re.fullmatch(r"(.+), step (\d+) of (\d+)", part).groups()
+        head = x["text"].split(": ", 1)[0]
+        parts = re.findall(r"(.+?), step (\d+) of (\d+)(?: and |$)", head)
+        assert " and ".join(f"{a}, step {b} of {c}" for a, b, c in parts) == head, head
+        for name, k, total in parts:
             seen.setdefault(name, []).append((int(k), int(total)))
             op = {"reduce": REDUCE, "copy": COPY, "coded": CODED}
-            ops = {op[key] for key, v in spec.phases.items() if v == name}
-            if "inside" in name or "across" in name:
-                sel = t[np.isin(t["op"], [REDUCE] if name.startswith("reduce") else [COPY])]
+            keys = [key.split(" ") for key, v in spec.phases.items() if v == name]     # "reduce inside" -> [kind, level]
+            ops = {op[key[0]] for key in keys}
+            level = next((key[1] for key in keys if len(key) == 2), None) or \
+                ("inside" if "inside" in name else "across" if "across" in name else None)
+            if level is not None:
+                sel = t[np.isin(t["op"], list(ops) or ([REDUCE] if name.startswith("reduce") else [COPY]))]
                 inside = sel["src"] // machine == sel["dst"] // machine
-                assert (inside.all() if "inside" in name else not inside.any()), x["text"]
+                assert (inside.all() if level == "inside" else not inside.any()), x["text"]
             elif name.startswith("whole-buffer"):
                 sel = t[t["op"] == (REDUCE if "reduce" in name else COPY)]
                 assert ((sel["offset"] == 0) & (sel["count"] == s.elements)).all(), x["text"]
@@ -330,3 +374,21 @@ def test_a_compact_schedule_is_told_without_its_table():
                                "which adds it to its own.")
     assert told[1]["text"].startswith("gather, step 1 of 65535: every worker i sends chunk i + 1")
     assert "_expanded" not in c.__dict__                                 # the table was never built
+
+
+def test_nccls_tree_is_told_as_chains_and_trees_never_as_rings():
+    """The page once called a tree's lanes "ring 1 of 2" and its chains a reduce-scatter."""
+    told = _told("nccl_tree", 16, local_size=8, segments=4)
+    text = " ".join(told)
+    assert "ring" not in text and "reduce-scatter" not in text and "all-gather" not in text
+    assert told[1].startswith("reduce up the chains, step 2 of ") and "tree 1 of 16: inside each machine of 8 workers, " \
+        "along the chain of local ranks 7 -> 6 -> 5, the worker at position p (from 0) sends chunk 1 - p" in told[1]
+    heads = {t.split(", step")[0] for t in told}
+    assert {"reduce up the chains", "broadcast down the chains"} <= heads
+    one = _told("nccl_tree", 8, segments=4)                   # one machine: its chains only, told as chains
+    assert all("along the chain worker" in t for t in one[1:-1]) and "tree 2 of 2" in one[0]
+
+
+def test_nccls_rings_are_still_told_ring_by_ring():
+    told = _told("nccl_ring", 16, local_size=8)
+    assert all("ring 8 of 8: " in t for t in told)

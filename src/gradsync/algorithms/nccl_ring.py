@@ -163,7 +163,7 @@ def _is_rings(value) -> bool:
 
 SPEC = AlgorithmSpec(
     name="nccl_ring", schedule=schedule, cost=cost, explanation=EXPLANATION,
-    phases={"reduce": "reduce-scatter on every ring", "copy": "all-gather on every ring"}, exact=True,
+    phases={"reduce": "reduce-scatter on every ring", "copy": "all-gather on every ring"}, lane_name="ring", exact=True,
     summary="NCCL's ring: several rings at once, one per NIC (rail) across machines",
     options={"local_size": Option(None, "an integer >= 1 that divides the workers (GPUs per machine)", is_int(1)),
              "channels": Option(None, "an integer in 1..1024 (rings; default one per GPU of a machine)", is_int(1)),

@@ -265,7 +265,10 @@ def _adds(trees, segments):
 
 SPEC = AlgorithmSpec(
     name="nccl_tree", schedule=schedule, cost=cost, explanation=EXPLANATION,
-    phases={"reduce": "reduce up the chains and the trees", "copy": "broadcast down them"}, exact=True,
+    phases={"reduce": "reduce up the chains and the trees", "copy": "broadcast down them",
+            "reduce inside": "reduce up the chains", "reduce across": "reduce up the trees",
+            "copy across": "broadcast down the trees", "copy inside": "broadcast down the chains"},
+    lane_name="tree", exact=True,
     summary="NCCL's tree: chains inside machines, a double binary tree across them, pipelined",
     options={"local_size": Option(None, "an integer >= 1 that divides the workers (GPUs per machine)", is_int(1)),
              "channels": Option(None, "an integer in 1..1024 (chains per machine; default one per GPU)", is_int(1)),

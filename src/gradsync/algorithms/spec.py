@@ -16,6 +16,9 @@ from ..errors import ConfigError
 
 RESERVED = ("auto", "native")   # all_reduce's automatic choice; bench's row for the engine's own
 NEEDS = ("host", "switch", "switches")   # helper nodes a schedule may place on a topology
+# the narration's names for rounds: by kind of transfer, and by kind and level (inside or across machines)
+PHASE_KEYS = ("reduce", "copy", "coded") + tuple(f"{kind} {level}" for kind in ("reduce", "copy", "coded")
+                                                 for level in ("inside", "across"))
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,10 @@ class AlgorithmSpec:
     dtypes: the dtype names it accepts, or None for every float and integer type.
     options: name -> ``Option``; each a keyword of ``schedule`` with the same default.
     phases: what its rounds are called, by kind of transfer ("reduce", "copy", "coded"), for
-        narration, e.g. {"reduce": "reduce-scatter", "copy": "all-gather"}.
+        narration, e.g. {"reduce": "reduce-scatter", "copy": "all-gather"}; "reduce inside",
+        "copy across" and so on name its runs of rounds inside machines or across them.
+    lane_name: what one of its lanes is called ("ring", "tree"), where its schedules run
+        several (``Schedule.lane``); the narration tells them one by one under that word.
     explanation: a few sentences for learners: what it does, why, its cost, when it wins.
     machine_option: the option that takes the workers per machine (hierarchical's
         ``local_size``), which the runtime fills in from where the ranks run when it is not
@@ -87,6 +93,7 @@ class AlgorithmSpec:
     dtypes: tuple[str, ...] | None = None
     options: dict[str, Option] = field(default_factory=dict)
     phases: dict[str, str] = field(default_factory=dict)
+    lane_name: str = ""
     explanation: str = ""
     machine_option: str | None = None
     shared_buffers: bool = False
@@ -138,9 +145,11 @@ class AlgorithmSpec:
         if self.dtypes is not None and (not isinstance(self.dtypes, tuple) or not self.dtypes
                                         or not set(self.dtypes) <= set(known_dtypes)):
             out.append(f"dtypes must be None or a non-empty tuple of {', '.join(known_dtypes)}, got {self.dtypes!r}")
-        if not isinstance(self.phases, dict) or not set(self.phases) <= {"reduce", "copy", "coded"} \
+        if not isinstance(self.phases, dict) or not set(self.phases) <= set(PHASE_KEYS) \
                 or not all(isinstance(v, str) and v for v in self.phases.values()):
-            out.append(f"phases must map some of reduce, copy, coded to names, got {self.phases!r}")
+            out.append(f"phases must map some of {', '.join(PHASE_KEYS)} to names, got {self.phases!r}")
+        if not isinstance(self.lane_name, str) or "\n" in self.lane_name:
+            out.append(f"lane_name must be one word or phrase, got {self.lane_name!r}")
         if not isinstance(self.shared_buffers, bool):
             out.append(f"shared_buffers must be True or False, got {self.shared_buffers!r}")
         if not isinstance(self.needs, tuple) or not set(self.needs) <= set(NEEDS):

@@ -5,11 +5,13 @@ and whether the receiver adds, overwrites or folds it into a coded packet), so i
 any schedule, whatever algorithm built it. Its clauses come from ``narrate_rules``, each used
 only when the transfers it claims are exactly the round's; a round with transfers of several
 kinds (a pipelined tree reduces and broadcasts at once) gets a clause per kind, and several
-rings running at once (channels) a clause per ring.
+rings running at once (channels) a clause per ring; a schedule whose lanes the algorithm
+names (NCCL's trees, its rings) a clause per lane, under the algorithm's word for it.
 
 Phases and steps: a phase is a run of rounds of one kind of transfer that move the whole
 buffer or parts of it, inside machines or across them (when ``machine_size`` is given); its
-name is the algorithm's own (``phases``) for the longest such run of each kind, and what the
+name is the algorithm's own (``phases``) for the longest such run of each kind, or for the
+runs at a level where it names them ("reduce up the chains" inside machines), and what the
 transfers do otherwise ("whole-buffer reduce", "reduce-scatter inside each machine", ...).
 
 A compact schedule (``core.compact``) is read round by round from its program and group,
@@ -29,7 +31,7 @@ _WHOLE = {REDUCE: ("whole-buffer reduce", "reduce-scatter"), COPY: ("whole-buffe
           CODED: ("coded exchange", "coded exchange")}
 _WHOLE_MAIN = {REDUCE: "reduce", COPY: "broadcast", CODED: "coded exchange"}
 RULES = (rules.single, rules.everyone, rules.coded, rules.gather, rules.scatter, rules.ring, rules.local_rings,
-         rules.rails, rules.xor, rules.tree, rules.pipeline)
+         rules.rails, rules.xor, rules.tree, rules.pipeline, rules.chain)
 
 
 def chunk_of(cuts: np.ndarray, offset: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,6 +80,8 @@ class _Rounds:
             out = {k: t[k] for k in ("src", "dst", "offset", "count", "op")}
             if "channel" in (t.dtype.names or ()):
                 out["channel"] = t["channel"]
+            if self.s.lane is not None:
+                out["lane"] = self.s.lane[lo:hi]
             return out
         c = self.s
         g = c.elements_of(c.shape)[None, :, :]
@@ -126,11 +130,13 @@ def _phase_names(kinds: list[dict], phases: dict, machine_size, workers: int) ->
         main = max(runs, key=lambda run: (len(run), not kinds[run[0]][op][0])) if runs else None
         for run in runs:
             whole, level = kinds[run[0]][op]
-            if level is not None:
+            if (op, level) in phases:              # the algorithm's own name at this level
+                name = phases[(op, level)]
+            elif level is not None:
                 where = " inside each machine" if machine_size < workers else " inside the machine"
                 name = (_WHOLE_MAIN[op] if whole else _WHOLE[op][1]) + (where if level == "inside" else " across machines")
-            elif run is main:
-                name = phases[op]
+            elif run is main or any((op, at) in phases for at in ("inside", "across")):
+                name = phases[op]               # an algorithm that names its levels names the rest too
             else:
                 name = _WHOLE[op][0 if whole else 1]
             for k, r in enumerate(run):
@@ -140,8 +146,8 @@ def _phase_names(kinds: list[dict], phases: dict, machine_size, workers: int) ->
 
 def _channels(g: rules.Group) -> list[rules.Group] | None:
     """Several rings at once (channels), told one by one: every sender sends R > 1 transfers,
-    and cut by the chunks they move into R regions, each region's transfers are a permutation
-    of the senders (one ring each, as NCCL runs its channels on separate parts of the buffer)."""
+    and cut by the chunks they move into R regions, each region's transfers are one cycle
+    through the senders (one ring each, as NCCL runs its channels on separate parts of the buffer)."""
     senders = np.unique(g.src)
     n = len(senders)
     if len(g.src) % n or len(g.src) // n < 2 or (np.bincount(g.src)[senders] != len(g.src) // n).any():
@@ -156,7 +162,8 @@ def _channels(g: rules.Group) -> list[rules.Group] | None:
         keep = np.zeros(len(g.src), bool)
         keep[block] = True
         part = g.part(keep)
-        if len(np.unique(part.src)) != n or len(np.unique(part.dst)) != n:
+        found = rules.cycles(part)
+        if found is None or len(found) != 1 or len(found[0]) != n:      # not one ring through the senders
             return None
         parts.append(part)
     return parts
@@ -182,8 +189,17 @@ def _by_span(g: rules.Group) -> list[str] | None:
     return told + ([rules.single(g.part(rest)) or rules.listing(g.part(rest))] if rest.any() else [])
 
 
-def tell(g: rules.Group) -> list[str]:
-    """The clauses that state a group of transfers (one kind, one round)."""
+def tell(g: rules.Group, lanes=None) -> list[str]:
+    """The clauses that state a group of transfers (one kind, one round). ``lanes``: (each
+    transfer's lane, {lane: its label}) where the schedule names its lanes, one clause each."""
+    if lanes is not None:
+        lane, label = lanes
+        out = []
+        for k in np.unique(lane):
+            part = g.part(lane == k)
+            text = next(filter(None, (rule(part) for rule in RULES)), None) or rules.listing(part)
+            out.append(f"{label[int(k)]}: {text}")
+        return out
     for rule in RULES:
         text = rule(g)
         if text:
@@ -207,7 +223,8 @@ def _detail(t: dict, first, end, chunks: int, names) -> str:
     return "; ".join(items) + more
 
 
-def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_size, detail: bool) -> dict:
+def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_size, detail: bool,
+              lane_labels: dict | None = None) -> dict:
     chunks = len(cuts) - 1
     first, end = chunk_of(cuts, t["offset"], t["count"])
     coded = t["op"] == CODED
@@ -224,7 +241,8 @@ def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_s
             keep = sel if c is None else sel & (channel == c)
             g = rules.Group(op, t["src"][keep], t["dst"][keep], first[keep], end[keep], workers, chunks, names,
                             machine_size)
-            said = tell(g)
+            lanes = None if lane_labels is None or "lane" not in t else (t["lane"][keep], lane_labels[op])
+            said = tell(g, lanes)
             clauses += said if c is None else [f"on channel {c}: {x}" for x in said]
     out = {"round": r, "phase": " + ".join(h[0] for h in heads),
            "text": " and ".join(h[1] for h in heads) + ": " + "; ".join(clauses) + "."}
@@ -233,13 +251,27 @@ def _sentence(t: dict, r: int, cuts, names, steps: dict, workers: int, machine_s
     return out
 
 
+def _lane_labels(schedule, lane_name: str | None) -> dict | None:
+    """Per kind of transfer, {lane: "tree k of K"}: its lanes counted in order, where the
+    algorithm names its lanes and the schedule has several."""
+    if not lane_name or schedule.lane is None or len(np.unique(schedule.lane)) < 2:
+        return None
+    out = {}
+    for op in (REDUCE, COPY, CODED):
+        present = np.unique(schedule.lane[schedule.transfers["op"] == op]).tolist()
+        out[op] = {k: f"{lane_name} {i + 1} of {len(present)}" for i, k in enumerate(present)}
+    return out
+
+
 def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None, rounds=None,
-            detail: bool = True) -> list[dict]:
+            detail: bool = True, lane_name: str | None = None) -> list[dict]:
     """One entry per round: its phase, its step within that phase, and the sentence saying
     who sends which chunk to whom. ``cuts`` are the chunk boundaries (element offsets);
     ``names`` name the schedule's nodes (default "worker i", and the helpers' own names);
     ``phases`` map REDUCE, COPY and CODED to phase names (default reduce, gather, coded
-    exchange); ``machine_size``: workers per machine (consecutive ranks), for algorithms that
+    exchange), and (op, "inside" | "across") to the names of the runs at that level;
+    ``lane_name``: what the algorithm calls one of its lanes ("ring", "tree"), its clauses
+    then told lane by lane; ``machine_size``: workers per machine (consecutive ranks), for algorithms that
     work inside and across machines, whose phases are then named by level; ``rounds``: the
     rounds to tell (default all); ``detail``: each entry's "transfers", the round's transfers
     listed one by one (up to MAX_DETAIL).
@@ -256,5 +288,7 @@ def narrate(schedule: Schedule, cuts, names=None, phases=None, machine_size=None
     source = _Rounds(schedule)
     kinds = [source.kinds(r, machine_size) for r in range(schedule.rounds)]
     steps = _phase_names(kinds, phases, machine_size, workers)
+    labels = None if source.compact else _lane_labels(schedule, lane_name)
     wanted = range(schedule.rounds) if rounds is None else rounds
-    return [_sentence(source.get(r), r, cuts, names, steps, workers, machine_size, detail) for r in wanted if kinds[r]]
+    return [_sentence(source.get(r), r, cuts, names, steps, workers, machine_size, detail, labels)
+            for r in wanted if kinds[r]]

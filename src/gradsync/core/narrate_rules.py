@@ -19,6 +19,8 @@ machine of L consecutive workers and m its machine:
   C -> A, the worker at position p sends ...``; ``inside each machine of L workers, the worker
   at local rank l sends ... to local rank l + 1 (mod L)``; ``across machines, the worker at
   local rank l of machine m sends ... to local rank l of machine m + 1 (mod M)``;
+- ``along the chain A -> B -> C, the worker at position p (from 0) sends chunk 7 - p to the
+  next`` (a pipeline along a path);
 - ``every worker i swaps with worker i XOR 4: each sends 2 chunks (listed below)``;
 - ``every worker i sends its coded packet to worker i + 1 (mod N)``.
 
@@ -219,6 +221,54 @@ def pipeline(g: Group) -> str | None:
     down = [(s, c) + next(iter(spans[s])) for s in senders for c in (2 * s + 1, 2 * s + 2) if c < g.workers]
     return checked(g, down, f"{everyone} {sends} to {their} children in the tree (worker i to workers 2i + 1 and 2i + 2, "
                             f"those that exist), which {verb[1]}: {pieces}")
+
+
+def _path_words(order: list[int], names) -> str:
+    """A path's nodes joined by arrows; a run of five or more consecutive workers shortened."""
+    step = order[1] - order[0] if len(order) > 1 else 0
+    if len(order) >= 5 and abs(step) == 1 and all(b - a == step for a, b in zip(order, order[1:])):
+        return f"{names[order[0]]} -> {names[order[1]]} -> ... -> {names[order[-1]]}"
+    return " -> ".join(names[x] for x in order)
+
+
+def chain(g: Group) -> str | None:
+    """Along one path, or several of one length side by side (one per machine), each sender
+    passing a different piece on (a pipeline along a chain, as NCCL's trees run inside
+    machines): the sender at position p of each path moves chunk a + p or a - p."""
+    if g.op == CODED or len(g.src) < 2 or (g.src >= g.workers).any() or (g.dst >= g.workers).any():
+        return None
+    src, dst = g.src.tolist(), g.dst.tolist()
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        return None
+    after, paths = dict(zip(src, dst)), []
+    for start in sorted(set(src) - set(dst)):
+        order = [start]
+        while order[-1] in after and len(order) <= len(src):
+            order.append(after[order[-1]])
+        paths.append(order)
+    widths = set((g.end - g.first).tolist())
+    if not paths or sum(len(p) - 1 for p in paths) != len(src) or len({len(p) for p in paths}) != 1 \
+            or len(paths[0]) < 3 or len(widths) != 1:
+        return None
+    w, first = widths.pop(), dict(zip(src, g.first.tolist()))
+    a, step = first[paths[0][0]], (first[paths[0][1]] - first[paths[0][0]]) // w
+    if abs(step) != 1:
+        return None
+    sign = "+" if step > 0 else "-"
+    what = f"chunk {a} {sign} p" if w == 1 else f"chunks {a} {sign} {w}p to {a + w - 1} {sign} {w}p"
+    size = g.machine
+    if size and len(paths) > 1 and len(paths) * size == g.workers \
+            and all(len({x // size for x in p}) == 1 for p in paths) and len({tuple(x % size for x in p) for p in paths}) == 1:
+        where = (f"inside each machine of {size} workers, along the chain of local ranks "     # one chain per machine,
+                 + " -> ".join(str(x % size) for x in paths[0]))                              # the same in each
+    elif len(paths) == 1:
+        where = f"along the chain {_path_words(paths[0], g.names)}"
+    else:
+        where = "along each chain (" + ", ".join(_path_words(p, g.names) for p in paths) + ")"
+    text = f"{where}, the worker at position p (from 0) sends {what} to the next, which {VERBS[g.op][0]}"
+    claims = [(x, path[p + 1], a + step * w * p, a + step * w * p + w) for path in paths
+              for p, x in enumerate(path[:-1])]
+    return checked(g, claims, text)
 
 
 def xor(g: Group) -> str | None:

@@ -19,16 +19,19 @@ from ..model.topology import Topology
 def narration(spec, schedule, cuts, names=None, detail: bool = True) -> list[dict]:
     """The schedule told round by round (``core.narrate``), its phases named as the algorithm
     names them, and by level (inside or across machines) for an algorithm that groups workers
-    into machines (its ``machine_option``).
+    into machines (its ``machine_option``), its lanes by the algorithm's word for them.
 
     >>> from gradsync import algorithms
     >>> narration(algorithms.get("ring"), algorithms.build("ring", 4, 8), [0, 2, 4, 6, 8])[0]["phase"]
     'reduce-scatter'
     """
-    phases = {op: spec.phases[key] for key, op in (("reduce", REDUCE), ("copy", COPY), ("coded", CODED))
-              if key in spec.phases}
+    ops = {"reduce": REDUCE, "copy": COPY, "coded": CODED}
+    phases = {}
+    for key, name in spec.phases.items():
+        kind, _, level = key.partition(" ")
+        phases[(ops[kind], level) if level else ops[kind]] = name
     machine = schedule.options.get(spec.machine_option) if spec.machine_option else None
-    return narrate(schedule, cuts, names, phases, machine_size=machine, detail=detail)
+    return narrate(schedule, cuts, names, phases, machine_size=machine, detail=detail, lane_name=spec.lane_name)
 
 
 def channels(schedule) -> list[int] | None:
