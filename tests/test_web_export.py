@@ -335,3 +335,9 @@ def test_a_followed_chunk_shows_its_partial_sums_as_the_schedule_carries_them(of
     assert "a2 + a3" in " ".join(sums)
     page.evaluate("window.gradsyncView.follow(null)")
     assert page.outside == [] and page.errors == []
+
+
+def test_the_export_stays_under_20_mb_unpacked(site):
+    """The whole view, every family of every algorithm, as files on disk (a student's download)."""
+    total = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
+    assert 1_000_000 < total < 20_000_000, total

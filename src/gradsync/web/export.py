@@ -239,7 +239,9 @@ def export(folder, topologies=None) -> dict:
     families.setdefault("cerar", {}).update(extras["cerar16"])
     families["all_gather"] = extras["gathers"]
     for name in families:
-        written += _write(root / "data", f"schedules-{name}", {k: site_model.packed(v) for k, v in families[name].items() if v})
+        found = {k: site_model.packed(v) for k, v in families[name].items() if v}
+        forms = site_model.told_in_forms(found)
+        written += _write(root / "data", f"schedules-{name}", {"forms": forms, "families": found})
     written += _write(root / "data", "model", _core(topologies, names, index, topo_data, closed))
     return {"families": {a: sum(1 for v in f.values() if v) for a, f in families.items()},
             "topologies": sum(not k.startswith("pcie-switch-N") for k in topo_data), "bytes": written}

@@ -112,8 +112,8 @@ def topology_for(name: str, workers: int, bandwidth=None, latency=None) -> Topol
 
 def chunk_cuts(schedule) -> list[int]:
     """The chunks the view draws in each buffer: the schedule's own pieces (its elementary
-    intervals; for a coded schedule its c components), refined to at least N equal chunks and
-    coarsened to at most MAX_CELLS.
+    intervals; for a coded schedule its c components), each cut in equal chunks until there
+    are at least N, and coarsened to at most MAX_CELLS.
 
     >>> from gradsync import algorithms
     >>> chunk_cuts(algorithms.build("central", 4, 100))
@@ -125,8 +125,10 @@ def chunk_cuts(schedule) -> list[int]:
         cuts = np.unique(np.minimum(np.arange(c + 1) * -(-d // c), d))
     else:
         cuts = intervals(schedule)[0]
-    if len(cuts) - 1 < n:
-        cuts = np.union1d(cuts, np.linspace(0, d, n + 1).astype(np.int64))
+    if len(cuts) - 1 < n:      # too few to draw: each piece cut in k equal chunks, so a piece stays whole
+        k = -(-n // (len(cuts) - 1))                         # chunks (a pipeline's segment: k chunks each)
+        a, b = cuts[:-1, None], cuts[1:, None]
+        cuts = np.unique(np.append((a + (b - a) * np.arange(k)[None, :] // k).ravel(), d))
     if len(cuts) - 1 > MAX_CELLS:
         cuts = np.unique(np.linspace(0, d, MAX_CELLS + 1).astype(np.int64))
     return cuts.tolist()

@@ -15,8 +15,16 @@ const gradsyncSite = (() => {
     for (let j = 1; j < r.length; j += 2) { const base = out[out.length - 1]; for (let k = 1; k <= r[j + 1]; k++) out.push(base + r[j] * k); }
     return out;
   }
+  // A sentence as written: [round, phase form, text form, numbers...] (site_model.told_in_forms).
+  function told(row, forms) {
+    let k = 3;
+    const fill = (form) => form.replace(/#/g, () => String(row[k++]));
+    const phase = fill(forms[row[1]]);
+    return { round: row[0], phase, text: fill(forms[row[2]]) };
+  }
   function unpacked(f) {
     if (f.unpacked) return f;
+    if (f.narration && f.forms) f.narration = f.narration.map((row) => told(row, f.forms));
     for (const key of ["src", "dst", "round", "op", "a", "b", "q", "carried", "channel", "lane"]) if (key in f) f[key] = unpack(f[key]);
     if (f.compute) for (const key of Object.keys(f.compute)) f.compute[key] = unpack(f.compute[key]);
     f.unpacked = true;
@@ -124,7 +132,11 @@ const gradsyncSite = (() => {
     let cuts;
     if (family.mode === "ceil") { const c = family.components, m = Math.ceil(d / c); cuts = uniq(Array.from({ length: c + 1 }, (_, i) => Math.min(i * m, d))); }
     else { const xs = [0, d]; for (const j of sim.kept) xs.push(sim.offset[j], sim.offset[j] + sim.count[j]); cuts = uniq(xs); }
-    if (cuts.length - 1 < n) cuts = uniq(cuts.concat(linspace(n + 1)));
+    if (cuts.length - 1 < n) {                // each piece cut in k equal chunks, so a piece stays whole chunks
+      const k = Math.ceil(n / (cuts.length - 1)), xs = [d];
+      for (let i = 0; i + 1 < cuts.length; i++) for (let j = 0; j < k; j++) xs.push(cuts[i] + Math.floor((cuts[i + 1] - cuts[i]) * j / k));
+      cuts = uniq(xs);
+    }
     if (cuts.length - 1 > maxCells) cuts = uniq(linspace(maxCells + 1));
     return cuts;
   }

@@ -24,7 +24,12 @@ const Source = (() => {
     });
   }
   async function schedulesFor(names) {
-    for (const name of names) if (!(name in window.gradsyncSchedules)) window.gradsyncSchedules[name] = await staticData(`schedules-${name}`);
+    for (const name of names) {
+      if (name in window.gradsyncSchedules) continue;
+      const data = await staticData(`schedules-${name}`);          // the families, and their sentences' forms
+      for (const f of Object.values(data.families)) f.forms = data.forms;
+      window.gradsyncSchedules[name] = data.families;
+    }
   }
   const loadAll = () => schedulesFor(core.algorithms.concat(["all_gather"]));
   // the families a question needs: its algorithm's, and the ring's all-gather for codecs that gather
