@@ -193,8 +193,8 @@ def launched() -> dict | None:
 
 def leave_launched(code: int = 0) -> None:
     """End a rank that torchrun, mpirun or srun started: run the exit handlers (shared-memory
-    segments left, MPI finalized, Gloo waits settled), flush, and leave without interpreter
-    teardown. Elsewhere (a shell, a test), return and let the caller exit as usual.
+    segments left, Gloo waits settled), finalize MPI if it was started, flush, and leave
+    without interpreter teardown. Elsewhere (a shell, a test), return and let the caller exit as usual.
 
     Why: a Gloo worker thread may drop the last reference to a finished operation while the
     interpreter is tearing down; the tensors it held then need a GIL that no longer exists, and
@@ -209,6 +209,9 @@ def leave_launched(code: int = 0) -> None:
     if not any(rank in os.environ for rank, _, _ in LAUNCHERS.values()):
         return
     atexit._run_exitfuncs()           # what normal exit would run: they need the interpreter alive
+    mpi = sys.modules.get("mpi4py.MPI")      # mpi4py finalizes at interpreter teardown, which is skipped:
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():     # mpirun needs it done
+        mpi.Finalize()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
