@@ -359,6 +359,20 @@ def call_path(rank, workers):
     return out
 
 
+def where_large_calls_run(rank, workers):
+    """A blocking 1 MiB all_reduce, then the same with async_op=True: (whether the group's
+    progress thread had started after each, the results' worst error against the exact sum)."""
+    gradsync_world(rank, workers)
+    comm = dist.distributed_c10d._get_default_group().communicator()
+    t = torch.full((1 << 18,), float(rank + 1))
+    dist.all_reduce(t)
+    after_blocking = comm.progress.thread is not None
+    u = torch.full((1 << 18,), float(rank + 1))
+    dist.all_reduce(u, async_op=True).wait()
+    exact = workers * (workers + 1) / 2
+    return after_blocking, comm.progress.thread is not None, float(max((t - exact).abs().max(), (u - exact).abs().max()))
+
+
 def failing_hook_under_ddp(rank, workers):
     """DDP whose comm hook hands back gradsync's future of a failed collective (a peer's
     failure, made here without one): backward must raise, with the failure's words, in C++

@@ -41,6 +41,17 @@ from .work import EngineWork, Joined, RankFailure, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
 INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
+
+
+def queued(nbytes: int, opts) -> bool:
+    """Whether a call goes to the group's progress thread: only a large one whose caller goes on
+    (DDP's buckets, FSDP2's prefetches, ``async_op=True``). A blocking call (``dist.all_reduce``
+    without async_op sets the options' asyncOp to False, then waits at once) runs in the
+    caller's thread at every size: handing 1 to 4 MiB over to the thread and waiting for it
+    took 1.6x the call's own time on 2 cores. ``queued(1 << 20, AllreduceOptions())`` is True."""
+    return nbytes > INLINE_MAX and getattr(opts, "asyncOp", True)
+
+
 class GradsyncGroup(dist.ProcessGroup):
     """The process group of ``init_process_group("gradsync")`` / ``new_group(backend="gradsync")``.
 
@@ -104,14 +115,14 @@ class GradsyncGroup(dist.ProcessGroup):
             self.global_ranks()
         return comm
 
-    def _run(self, kind: str, call, tensors: tuple, nbytes: int, result):
+    def _run(self, kind: str, call, tensors: tuple, nbytes: int, result, opts):
         """Run a typed call on the communicator; torch's ``Work`` for it."""
         comm = self._comm or self.communicator()
         comm.trace = config.TRACE[0]
         choices = self._choices if self._version == config.VERSION[0] else self.choices
         algorithm = choices[kind]
         try:
-            out = call(comm, algorithm, nbytes > INLINE_MAX)
+            out = call(comm, algorithm, queued(nbytes, opts))
         except BaseException as exc:         # refused at once, or the group had failed: torch's error
             raise in_torch_terms(exc, self.global_ranks()) from None
         return Work(out if not isinstance(out, (torch.Tensor, type(None))) else None, result, self._global)
@@ -181,7 +192,7 @@ class GradsyncGroup(dist.ProcessGroup):
         comm.trace = config.TRACE[0]
         choices = self._choices if self._version == config.VERSION[0] else self.choices
         try:
-            out = comm.all_reduce(t, name, choices["all_reduce"], t.numel() * t.element_size() > INLINE_MAX)
+            out = comm.all_reduce(t, name, choices["all_reduce"], queued(t.numel() * t.element_size(), opts))
         except BaseException as exc:         # refused at once, or the group had failed: torch's error
             raise in_torch_terms(exc, self.global_ranks()) from None
         return Work(None if out is t else out, tensors, self._global)
@@ -193,7 +204,7 @@ class GradsyncGroup(dist.ProcessGroup):
                 or input.numel() != output.numel() * self._size or self._size == 1:
             return self._engine("_reduce_scatter_base", output, output, input, opts)
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
-                         (output, input), input.numel() * input.element_size(), [output])
+                         (output, input), input.numel() * input.element_size(), [output], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -208,7 +219,7 @@ class GradsyncGroup(dist.ProcessGroup):
             return self._engine("reduce_scatter", outputs[0] if outputs else None, outputs, input_lists, opts)
         out, whole = outputs[0], torch.cat([x.reshape(-1) for x in input_lists[0]])
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(out, whole, name, a, q),
-                         (out, whole), whole.numel() * whole.element_size(), outputs)
+                         (out, whole), whole.numel() * whole.element_size(), outputs, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """Each pair's reduce-scatter, in order (Gloo has no coalesced form of it)."""
@@ -222,7 +233,7 @@ class GradsyncGroup(dist.ProcessGroup):
                 or output.numel() != input.numel() * self._size or self._size == 1:
             return self._engine("_allgather_base", output, output, input, opts)
         return self._run("all_gather", lambda c, a, q: c.all_gather(output, input, a, q), (output, input),
-                         output.numel() * output.element_size(), [output])
+                         output.numel() * output.element_size(), [output], opts)
 
     _allgather_base = all_gather_single
 
@@ -244,7 +255,7 @@ class GradsyncGroup(dist.ProcessGroup):
                 return out
             return Then(out, lambda: scatter_into(outs, flat))
 
-        return self._run("all_gather", gather, (flat, inp), flat.numel() * flat.element_size(), outs)
+        return self._run("all_gather", gather, (flat, inp), flat.numel() * flat.element_size(), outs, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """Each pair's all-gather, in order (Gloo has no coalesced form of it)."""
@@ -261,13 +272,13 @@ class GradsyncGroup(dist.ProcessGroup):
             return self._engine("broadcast", tensors[0] if tensors else None, tensors, opts)
         t = tensors[0]
         return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
-                         t.numel() * t.element_size(), tensors)
+                         t.numel() * t.element_size(), tensors, opts)
 
     def barrier(self, opts=None, timeout=None):
         opts = opts if opts is not None else options_with(dist.BarrierOptions, timeout=timeout)
         if self._size == 1:
             return self._engine("barrier", None, opts)
-        return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None)
+        return self._run("barrier", lambda c, a, q: c.barrier(a, False), (), 0, None, opts)
 
     # --- collectives the engine runs, every form of them as torch's bindings take it ----------
 
