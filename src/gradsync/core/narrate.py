@@ -2,11 +2,12 @@
 
 Each sentence is derived from that round's transfers alone (who sends which chunk to whom,
 and whether the receiver adds, overwrites or folds it into a coded packet), so it is true of
-any schedule, whatever algorithm built it. Its clauses come from ``narrate_rules``, each used
-only when the transfers it claims are exactly the round's; a round with transfers of several
-kinds (a pipelined tree reduces and broadcasts at once) gets a clause per kind, and several
-rings running at once (channels) a clause per ring; a schedule whose lanes the algorithm
-names (NCCL's trees, its rings) a clause per lane, under the algorithm's word for it.
+any schedule, whatever algorithm built it. Its clauses come from ``narrate_rules`` and
+``narrate_rings``, each used only when the transfers it claims are exactly the round's; a
+round with transfers of several kinds (a pipelined tree reduces and broadcasts at once) gets
+a clause per kind, and several rings running at once (channels) a clause per ring; a
+schedule whose lanes the algorithm names (NCCL's trees, its rings) a clause per lane, under
+the algorithm's word for it.
 
 Phases and steps: a phase is a run of rounds of one kind of transfer that move the whole
 buffer or parts of it, inside machines or across them (when ``machine_size`` is given); its
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import narrate_rings as rings
 from . import narrate_rules as rules
 from .schedule import CODED, COPY, REDUCE, Schedule
 
@@ -30,8 +32,8 @@ _DEFAULT_PHASES = {REDUCE: "reduce", COPY: "gather", CODED: "coded exchange"}
 _WHOLE = {REDUCE: ("whole-buffer reduce", "reduce-scatter"), COPY: ("whole-buffer copy", "all-gather"),
           CODED: ("coded exchange", "coded exchange")}
 _WHOLE_MAIN = {REDUCE: "reduce", COPY: "broadcast", CODED: "coded exchange"}
-RULES = (rules.single, rules.everyone, rules.coded, rules.gather, rules.scatter, rules.ring, rules.local_rings,
-         rules.rails, rules.xor, rules.tree, rules.pipeline, rules.chain)
+RULES = (rules.single, rules.everyone, rules.coded, rules.gather, rules.scatter, rings.ring, rings.local_rings,
+         rings.rails, rules.xor, rules.tree, rules.pipeline, rules.chain)
 
 
 def chunk_of(cuts: np.ndarray, offset: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +164,7 @@ def _channels(g: rules.Group) -> list[rules.Group] | None:
         keep = np.zeros(len(g.src), bool)
         keep[block] = True
         part = g.part(keep)
-        found = rules.cycles(part)
+        found = rings.cycles(part)
         if found is None or len(found) != 1 or len(found[0]) != n:      # not one ring through the senders
             return None
         parts.append(part)
