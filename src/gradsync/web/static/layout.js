@@ -7,6 +7,7 @@ const Layout = (() => {
   // click: neighbouring chunks are then drawn as one cell (aggregated, and the page says so).
   const CELL_WIDTHS = [30, 26, 22, 19, 16, 14, 12, 10, 8];
   const MIN_CELL = 8;
+  const NAME_GAP = 2;         // px kept clear on each side of a name, so that two never read as one ("gpu9gpu10")
 
   function place() {
     S.view = fit($("view"), undefined);
@@ -117,7 +118,7 @@ const Layout = (() => {
       const tw = g.measureText(nodes[i].name).width, rr = geom.r[i] + 3, x = geom.x[i], y = geom.y[i];
       const spots = [[x + rr + 1, y - geom.r[i] - 2], [x - rr - 1 - tw, y - geom.r[i] - 2], [x - tw / 2, y - rr - 4], [x - tw / 2, y + rr + 14]];
       for (const [x0, base] of spots) {
-        const b = { kind: "name", owner: i, x0, y0: base - 11, x1: x0 + tw, y1: base + 3 };
+        const b = { kind: "name", owner: i, x0: x0 - NAME_GAP, y0: base - 11, x1: x0 + tw + NAME_GAP, y1: base + 3 };
         if (free(b)) { boxes.push(b); geom.names.set(i, { x: x0, y: base }); break; }
       }
     }
