@@ -209,7 +209,11 @@ def test_the_ddp_tutorial_under_torchrun_trains_to_the_same_loss_as_on_gloo(tmp_
                               "--master-port", str(free_port()), str(script), backend, str(stem)],
                              capture_output=True, text=True, timeout=300,
                              env={**os.environ, "GRADSYNC_ALGORITHMS": "all_reduce=ring"})
-        assert out.returncode == 0, out.stderr[-2000:]
+        # Gloo itself may abort a finished worker at interpreter teardown (PyTorch's open issue, see
+        # docs/reliability.md): for the reference run that is torch's, once its losses are written;
+        # the gradsync run must end cleanly
+        torchs_own = backend == "gloo" and "terminate called without an active exception" in out.stderr
+        assert out.returncode == 0 or torchs_own, out.stderr[-2000:]
         losses[backend] = [float((tmp_path / f"loss_{backend}.{rank}").read_text()) for rank in (0, 1)]
     for a, b in zip(losses["gloo"], losses["gradsync"]):
         assert abs(a - b) <= 1e-12, losses

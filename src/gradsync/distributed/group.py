@@ -23,9 +23,11 @@ Python subclass's methods are what torch calls.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import re
+import time
 import weakref
 
 import torch
@@ -41,6 +43,16 @@ from .work import EngineWork, Joined, RankFailure, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
 INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
+
+
+_settling: list = []         # whether the exit hook is registered (once per process)
+
+
+def _settle_engines() -> None:
+    """At exit, before teardown: 50 ms for Gloo's threads to drop the operations they finished.
+    The last reference to one, dropped during teardown, needs a GIL that no longer exists and
+    aborts the process after the script's last line: a failed job to torchrun (reliability.md)."""
+    time.sleep(0.05)
 
 
 def queued(nbytes: int, opts) -> bool:
@@ -85,6 +97,8 @@ class GradsyncGroup(dist.ProcessGroup):
             nccl = dist.ProcessGroupNCCL(dist.PrefixStore(f"gradsync/nccl/{attempt}/", store), rank, size)
             self.engines["cuda"] = nccl
             self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, nccl)
+        if not _settling:
+            _settling.append(atexit.register(_settle_engines))
         self._comm = None                  # the communicator, made at the first collective (torch knows the group by then)
         self._global = None                # its ranks in the world, for a subgroup (``global_ranks``)
         self.closed = False
