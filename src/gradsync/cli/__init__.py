@@ -1,8 +1,8 @@
 """The ``gradsync`` command line. Bad input: one line on stderr and exit code 2.
 
 ``main`` is the click group; ``command_line`` runs it as the ``gradsync`` command and
-``python -m gradsync``. The group lives in ``common.py`` beside what every command shares, and each command family registers on
-it when its module is imported here:
+``python -m gradsync``. The group lives in ``common.py`` beside what every command shares,
+and each command family registers on it when its module is imported here:
 
 - ``models``: compare, simulate; ``choice``: tune, explain (the models of time; nothing runs)
 - ``catalog``: list, cerar (what is registered; CERAR's designs)
@@ -12,10 +12,10 @@ it when its module is imported here:
 - ``records``: doctor, trace compare, trace merge (what runs left behind)
 """
 
-from . import benchmark, calibration, catalog, choice, models, records, serve, training   # noqa: F401  (they register)
 import sys
 
 from ..tools.launch import leave_launched
+from . import benchmark, calibration, catalog, choice, models, records, serve, training   # noqa: F401  (they register)
 from .common import main
 
 __all__ = ["command_line", "main"]
