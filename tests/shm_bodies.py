@@ -79,6 +79,39 @@ def stalled(rank, workers, timeout, sleeper=0, transport="shm", oversleep=2.0):
         return {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
 
 
+def stopped_while_waiting(rank, workers, timeout, victim, algorithm):
+    """``victim`` enters an all-reduce first and is stopped (SIGSTOP) while it waits there:
+    its word in the segment still says whom it waited for, so the survivors' waits seem to close
+    on themselves. Each survivor must name the victim, never itself or a neighbour."""
+    import signal
+
+    pids = torch.zeros(workers, dtype=torch.float64)
+    pids[rank] = os.getpid()
+    gradsync.all_reduce(pids, algorithm="ring", transport="shm", timeout=timeout)   # set up; every pid
+    x = torch.ones(1000)
+    if rank == victim:
+        try:
+            gradsync.all_reduce(x, algorithm=algorithm, transport="shm", timeout=timeout)
+        except gradsync.PeerError:
+            pass
+        return {"stopped": True}
+    time.sleep(0.5)                                   # the victim is blocked by now
+    if rank == 0:
+        os.kill(int(pids[victim]), signal.SIGSTOP)
+    time.sleep(0.2)
+    try:
+        for _ in range(2):        # one-shot's first call may end: the victim's data was in before it stopped
+            start = time.monotonic()
+            gradsync.all_reduce(x, algorithm=algorithm, transport="shm", timeout=timeout)
+        out = {"error": None}
+    except gradsync.PeerError as exc:
+        out = {"error": str(exc), "peer": exc.peer, "seconds": time.monotonic() - start}
+    time.sleep(1.0)                                   # every survivor has named it
+    if rank == 0:
+        os.kill(int(pids[victim]), signal.SIGCONT)
+    return out
+
+
 def absent_at_setup(rank, workers, timeout):
     """The last rank exits before the group's first shared-memory collective."""
     if rank == workers - 1:

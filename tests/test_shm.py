@@ -59,6 +59,19 @@ def test_a_stalled_rank_is_named_not_the_neighbour_waiting_for_it():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["one_shot", "ring"])      # the shared buffers, the channels
+def test_a_rank_stopped_while_it_waited_is_named_never_the_survivor_itself(algorithm):
+    # its word still says whom it waited for, so the survivors' waits can seem to close on
+    # themselves (0 waits for 2, the stopped 2 for 0): a random campaign's rank 0 named itself
+    timeout = 2.0
+    results = run(bodies.stopped_while_waiting, 3, timeout, 2, algorithm, timeout=60)
+    assert results[2] == {"stopped": True}
+    for r in results[:2]:
+        assert r["error"] and "rank 2 did not answer before the timeout" in r["error"], r
+        assert r["peer"] == 2 and r["seconds"] <= timeout + 2, r
+
+
+@pytest.mark.slow
 def test_a_rank_missing_at_set_up_is_named():
     timeout = 2.0
     results = run(bodies.absent_at_setup, 3, timeout, timeout=60, tolerate=True)

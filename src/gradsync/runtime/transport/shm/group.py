@@ -17,8 +17,7 @@ from ....errors import PeerError
 from . import _native
 from .ring import Channels, Op
 from .segment import (ACROSS, BELL, BLOCKED, CLOSED, DIED, FAILED, LEFT, NOBODY, PID, REMOTE, SILENT, START,
-                      failure_word,
-                      remove, start_time)
+                      failure_word, remove, start_time, stopped)
 
 SPIN_S = 50e-6                      # spin this long before blocking on the doorbell (1 ms: 4x slower, loaded)
 NAP_S = 2e-3                        # the longest block: bounds the cost of a missed ring
@@ -180,17 +179,22 @@ class SharedGroup(Channels):
 
     def _end_of_chain(self, peer: int) -> int | None:
         """Follow who waits for whom from ``peer``: the last rank is the one holding all up
-        (None: a rank waiting for another host, where this host cannot see)."""
-        seen = {self.rank}
-        while peer not in seen:
-            seen.add(peer)
+        (None: a rank waiting for another host, where this host cannot see). A rank stopped
+        while it waited keeps the word it had, so the waits can close on themselves; the rank
+        holding all up is then in that loop, never this rank: the stopped one, else the one
+        whose word closed it (a random campaign named the survivor itself before)."""
+        chain = [self.rank]
+        while peer not in chain:
+            chain.append(peer)
             nxt = int(self.ctl[self.layout.rank_word(peer, BLOCKED)])
             if nxt == ACROSS:
                 return None
             if nxt < 0:
                 return peer
             peer = nxt
-        return peer
+        loop = [r for r in chain[chain.index(peer):] if r != self.rank] or [peer]
+        pid = self.layout.rank_word
+        return next((r for r in loop if stopped(int(self.ctl[pid(r, PID)]))), loop[-1])
 
     def cancel(self, error: PeerError) -> None:
         """Give the group up (an abort, from any thread): a wait in progress raises ``error``

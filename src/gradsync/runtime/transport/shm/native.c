@@ -220,7 +220,9 @@ static int wait_for(Group *g, uint32_t mark, int64_t deadline) {
         spin_until = now_ns() + g->spin_ns / 4;       /* woken: a short spin before sleeping again */
     }
 done:
-    atomic_store_explicit(g->blocked[g->rank], -1, memory_order_relaxed);
+    /* a failed wait keeps its word until the failure is recorded: a peer following the chain
+       meanwhile would find this rank free and name it (a survivor named so in a campaign) */
+    if (status == OK) atomic_store_explicit(g->blocked[g->rank], -1, memory_order_relaxed);
     return status;
 }
 

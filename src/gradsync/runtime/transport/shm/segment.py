@@ -178,6 +178,15 @@ def start_time(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger's trap): state T or t in /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def sweep(directory: str = SHM_DIR) -> list[str]:
     """Remove this user's gradsync segments whose creator has died (a crash between creating
     a segment and unlinking it); return their names. ``sweep("/nonexistent")`` is ``[]``."""
