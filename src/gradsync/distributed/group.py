@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
-import re
 import time
 import weakref
 
@@ -39,7 +38,8 @@ from ..runtime.transport.base import group_key
 from . import config
 from .arguments import (COLLECTIVE_OF, REDUCE_OPS, AllgatherOptions, AllreduceOptions, BroadcastOptions,
                         ReduceScatterOptions, even, first_tensor, options_with, plain, scatter_into)
-from .work import EngineWork, Joined, RankFailure, Then, Work, in_torch_terms
+from .gloo_engine import make_gloo
+from .work import EngineWork, Joined, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
 INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
@@ -91,7 +91,7 @@ class GradsyncGroup(dist.ProcessGroup):
         # under torchrun's elastic agent the store outlives a restart: the keys of a dead attempt's
         # engine must not be read by the next one (they name listeners that are gone)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.engines = {"cpu": _gloo(dist.PrefixStore(f"gradsync/gloo/{attempt}/", store), rank, size, timeout)}
+        self.engines = {"cpu": make_gloo(store, f"gradsync/gloo/{attempt}/", rank, size, timeout)}
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self.engines["cpu"])
         if torch.cuda.is_available() and dist.is_nccl_available():     # CUDA tensors go to NCCL
             nccl = dist.ProcessGroupNCCL(dist.PrefixStore(f"gradsync/nccl/{attempt}/", store), rank, size)
@@ -364,18 +364,6 @@ class GradsyncGroup(dist.ProcessGroup):
             STATE.forget(comm.key if comm is not None else group_key(self))
         except (RuntimeError, ValueError):   # torch has unregistered it already: nothing was kept
             pass
-
-
-def _gloo(store, rank: int, size: int, timeout: datetime.timedelta):
-    """The Gloo engine; a rank that never joins it is named (torch's error names only a key)."""
-    try:
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-    except dist.DistStoreError as exc:
-        missing = [int(k) for k in re.findall(r"/(\d+)(?=,|\s|$)", str(exc).partition("keys:")[2])]
-        peer = missing[0] if missing else None
-        raise RankFailure(f"rank {rank}: rank(s) {missing} did not join the group within its timeout "
-                          f"({timeout.total_seconds():g} s): {str(exc).splitlines()[0][:200]}",
-                          peer=peer, op="setup") from None
 
 
 def _timeout(timeout: datetime.timedelta) -> datetime.timedelta:
