@@ -168,23 +168,25 @@ class Layout:
         return self.data_start + (self._pair(src, dst) * self.slots + k) * self.slot_bytes
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks, or None if it is gone or a zombie."""
+def _state_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+            return f.read().rpartition(")")[2].split()
     except OSError:
         return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks, or None if it is gone or a zombie."""
+    fields = _state_fields(pid)
+    return None if not fields or fields[0] in ("Z", "X") else int(fields[19])
 
 
 def stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP, a debugger's trap): state T or t in /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    fields = _state_fields(pid)
+    return bool(fields) and fields[0] in ("T", "t")
 
 
 def sweep(directory: str = SHM_DIR) -> list[str]:
