@@ -7,7 +7,7 @@ import torch
 
 from gradsync import ConfigError, algorithms
 from gradsync.runtime.transport.hosts import local_size
-from gradsync.core.schedule import verify
+from gradsync.core.schedule import COPY, REDUCE, verify
 from gradsync.model.topology import preset
 from gradsync.model.topology.presets import lowbw_cluster
 from thread_groups import run_group
@@ -69,3 +69,36 @@ def test_machines_come_from_the_topology_and_the_launch(monkeypatch):
 def test_bad_groupings_are_refused_by_name(options, message):
     with pytest.raises(ConfigError, match=message):
         algorithms.build("hierarchical", 4, 100, **options)
+
+
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("machines,local", [(2, 2), (2, 4), (4, 2), (3, 3)])
+def test_its_halves_keep_each_rank_on_its_machine_and_send_m_minus_one_over_m_across(kind, machines, local):
+    """torch's rank r must end with chunk r: the halves move the buffer's chunks, never the
+    ranks (a rank playing another machine's node would send the local phases over the network),
+    and a machine's ranks send (M - 1)/M of the buffer out of it in all, as the all-reduce's half."""
+    from gradsync.runtime.halves import layout
+
+    n, share = machines * local, 60
+    found = layout("hierarchical", kind, n, n * share, f'{{"local_size": {local}}}')
+    assert found.node_of_rank == tuple(range(n)) and found.in_place
+    t = found.schedule.transfers
+    t = t[t["op"] == (REDUCE if kind == "reduce_scatter" else COPY)]       # the half that runs
+    leaving = t["src"] // local != t["dst"] // local
+    per_machine = np.bincount(t["src"][leaving] // local, weights=t["count"][leaving], minlength=machines)
+    np.testing.assert_allclose(per_machine, (machines - 1) / machines * n * share)
+    # every chunk r ends (reduce-scatter) or starts (all-gather) complete at node r: emulate it
+    rng = np.random.default_rng(n)
+    inputs = rng.integers(-99, 99, (n, n * share)).astype(np.float64)
+    expected = inputs.sum(axis=0)
+    held = inputs.copy() if kind == "reduce_scatter" else np.where(
+        np.arange(n * share)[None, :] // share == np.arange(n)[:, None], expected[None, :], np.nan)
+    for rnd in np.unique(t["round"]):
+        step = t[t["round"] == rnd]
+        sent = [held[s["src"], s["offset"]:s["offset"] + s["count"]].copy() for s in step]
+        for s, data in zip(step, sent):
+            view = held[s["dst"], s["offset"]:s["offset"] + s["count"]]
+            view[:] = view + data if kind == "reduce_scatter" else data
+    for r in range(n):
+        np.testing.assert_array_equal(held[r, r * share:(r + 1) * share] if kind == "reduce_scatter" else held[r],
+                                      expected[r * share:(r + 1) * share] if kind == "reduce_scatter" else expected)

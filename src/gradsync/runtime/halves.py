@@ -23,14 +23,16 @@ import time
 from functools import lru_cache
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from .. import algorithms
+from .. import algorithms, dtypes
+from ..core.plan import compile_plan
 from ..core.schedule import COPY, REDUCE, Schedule, complete_segments
 from ..errors import ConfigError
 from .agree import Agreement, digest, seen_before
 from .collective import Collective, Done
-from .compile import compiled, frozen
+from .compile import frozen
 from .transport.hosts import local_size
 
 KINDS = ("reduce_scatter", "all_gather", "broadcast")
@@ -84,11 +86,41 @@ def layout(algorithm: str, kind: str, workers: int, elements: int, frozen_option
         return None
     renamed = _renamed(schedule, kind)
     chunks = {segs[0][0] // share: n for n, segs in owned.items() if len(segs) == 1 and segs[0][0] % share == 0}
+    if len(chunks) == workers and spec.machine_option is not None:
+        # a machine-aware schedule keeps every rank on its own node (relabelling would move
+        # ranks across machines and send its local phases over the network): its buffer's
+        # chunks move instead, so that node r's is chunk r
+        return Layout(by_rank(renamed, chunks, share), tuple(range(workers)),
+                      tuple(((r * share, share),) for r in range(workers)), True)
     if len(chunks) == workers:
         order = tuple(chunks[r] for r in range(workers))
         return Layout(renamed, order, tuple(((r * share, share),) for r in range(workers)), True)
     order = tuple(range(workers))
     return Layout(renamed, order, tuple(tuple(owned[n]) for n in order), False)
+
+
+def by_rank(schedule: Schedule, owner_of_chunk: dict, share: int) -> Schedule:
+    """``schedule`` with its buffer's chunks of ``share`` elements moved so that the chunk node
+    ``owner_of_chunk[c]`` owns after the REDUCE half lies at chunk ``owner_of_chunk[c]``: the same
+    transfers between the same nodes, each cut where it crosses a chunk's edge.
+
+    >>> s = algorithms.build("hierarchical", 4, 8, local_size=2)
+    >>> owners = {o[0][0] // 2: n for n, o in complete_segments(s).items()}
+    >>> sorted(complete_segments(by_rank(s, owners, 2)).items())
+    [(0, [(0, 2)]), (1, [(2, 2)]), (2, [(4, 2)]), (3, [(6, 2)])]
+    """
+    t = schedule.transfers
+    first = t["offset"] // share
+    pieces = (t["offset"] + t["count"] - 1) // share - first + 1
+    cut = np.repeat(t, pieces)
+    chunk = np.repeat(first, pieces) + np.arange(len(cut)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    start = np.maximum(cut["offset"], chunk * share)
+    end = np.minimum(cut["offset"] + cut["count"], (chunk + 1) * share)
+    moved = np.array([owner_of_chunk[c] for c in range(len(owner_of_chunk))], dtype=np.int64)
+    cut["offset"] = moved[chunk] * share + start - chunk * share
+    cut["count"] = end - start
+    lane = None if schedule.lane is None else np.repeat(schedule.lane, pieces)
+    return dataclasses.replace(schedule, transfers=cut, lane=lane)
 
 
 def _renamed(schedule: Schedule, kind: str) -> Schedule:
@@ -268,7 +300,8 @@ def _collective(found: Layout, algorithm: str, kind: str, op: int, buffer: torch
                 deadline: float, finish, reduce_op: str, options: dict, trace=None) -> Collective:
     schedule = found.schedule
     dtype = str(buffer.dtype).removeprefix("torch.")
-    plan = compiled(algorithm, schedule.workers, schedule.elements, dtype, frozen(options), node, (op,)).plan
+    plan = _plan(algorithm, kind.partition(":")[0], schedule.workers, schedule.elements, dtype, frozen(options),
+                 node, op)
     description = {"collective": kind, "elements": schedule.elements, "dtype": dtype, "algorithm": algorithm,
                    "options": options, "op": reduce_op, "device": buffer.device.type}
     if trace is not None:                  # a rank tracing alone would wait for a clock exchange
@@ -279,3 +312,11 @@ def _collective(found: Layout, algorithm: str, kind: str, op: int, buffer: torch
     return Collective(schedule, plan, {node: buffer}, relabelled, deadline,
                       Agreement(relabelled, description, before, signature), finish,
                       salt=int.from_bytes(signature[:4], "little"), trace=trace)
+
+
+@lru_cache(maxsize=256)
+def _plan(algorithm: str, kind: str, workers: int, elements: int, dtype: str, frozen_options: str, node: int, op: int):
+    """``node``'s plan of the half of ``kind``: compiled from the layout's schedule (whose
+    chunks may have moved, ``by_rank``), once per bucket as ``compile.compiled`` does."""
+    schedule = layout(algorithm, kind, workers, elements, frozen_options).schedule
+    return compile_plan(schedule, node, dtypes.itemsize(dtype), (op,))
