@@ -17,6 +17,15 @@ fitted to the measurements, time = a + b x bytes per candidate over its largest 
 (the least predicted time wins, the engine on a tie within the margin), not by the nearest
 verdict: the rates differ most where nothing was measured.
 
+Across machines the link decides, and a time budget would stop where the link has not yet
+begun to count (over 1 Gbit/s a 2 s budget measures up to 256 KiB, where fixed costs and the
+machines' noise hide what the bytes cost). There every candidate is timed at a small size
+(``SMALL``), the engine once at ``PROBE`` bytes, which gives the link's rate as the engine
+sees it, and then every candidate again at the largest of ``LARGE`` that this rate lets the
+remaining budget pay for: two points per candidate, where the second is the link's (``across``).
+Every size past the small one takes the line through them, so a 4 MiB bucket is decided by
+what 4 MiB costs on this link, not by the verdict at 32 KiB.
+
 The measurements are cached per host in a JSON file (``cache_path()``: GRADSYNC_AUTO_CACHE, else
 ~/.cache/gradsync/backend-auto.json), keyed by collective, group size, hosts, ranks per host,
 transport, engine and torch version; the next job on the host reads them. Rank 0's copy is
@@ -44,6 +53,9 @@ DEFAULT_BUDGET = 2.0   # seconds of measuring per collective and group, once per
 FIT_POINTS = 3         # the largest measured sizes the cost model is fitted to
 ENV_CACHE, ENV_BUDGET = "GRADSYNC_AUTO_CACHE", "GRADSYNC_AUTO_BUDGET"
 METHOD = "median-interleaved-after-barrier/times/2"   # what the cache holds; another method's is not reused
+SMALL, PROBE = 32 << 10, 512 << 10      # across machines: the fixed costs' size, and the engine's rate probe
+LARGE = tuple(1 << k for k in range(18, 26))   # across machines: 256 KiB to 32 MiB, the link's sizes
+ACROSS = "small-and-large-by-link-rate/1"
 
 
 def cache_path() -> Path:
@@ -73,17 +85,17 @@ class Verdicts:
     ('engine', 'ring', 'ring')
     """
 
-    def __init__(self, sizes: tuple, times: dict[str, list[float]]):
-        self.sizes, self.times = tuple(sizes), times
+    def __init__(self, sizes: tuple, times: dict[str, list[float]], across: bool = False):
+        self.sizes, self.times, self.across = tuple(sizes), times, across
 
     def pick(self, nbytes: int) -> str:
         """The candidate for ``nbytes``: the nearest measured size's winner, or past the largest
-        measured size the least time by each candidate's fitted cost model."""
+        measured size (``across``: past the smallest) the least time by each candidate's fitted
+        cost model."""
         if not self.sizes:
             return "engine"
-        if nbytes > self.sizes[-1] and len(self.sizes) >= 2:
-            predicted = {name: self._model(t)(nbytes) for name, t in self.times.items()}
-            return _winner(predicted)
+        if nbytes > self.sizes[-1 if not self.across else 0] and len(self.sizes) >= 2:
+            return _winner(self.predict(nbytes))
         logs = [abs(math.log(max(nbytes, 1) / s)) for s in self.sizes]
         i = logs.index(min(logs))
         return _winner({name: t[i] for name, t in self.times.items()})
@@ -96,6 +108,14 @@ class Verdicts:
         b = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var else 0.0
         a = max(0.0, my - b * mx)
         return lambda n: a + b * n
+
+    def predict(self, nbytes: int) -> dict[str, float]:
+        """Each candidate's seconds for ``nbytes`` by its fitted cost model.
+
+        >>> Verdicts((1, 3), {"engine": [1.0, 3.0]}).predict(5)
+        {'engine': 5.0}
+        """
+        return {name: self._model(t)(nbytes) for name, t in self.times.items()}
 
     def table(self, collective: str) -> list[dict]:
         """One row per measured size: its choice and every candidate's median time."""
@@ -154,8 +174,9 @@ def table(comm) -> list[dict]:
 
 def _key(comm, kind: str) -> str:
     found = comm.hosts()
+    method = ACROSS if found.hosts > 1 else METHOD
     return (f"{kind}|size={comm.size}|hosts={found.hosts}|local={found.local_size()}"
-            f"|over={comm.schedule_transport()}|engine={comm.engine.name}|torch={torch.__version__}|{METHOD}")
+            f"|over={comm.schedule_transport()}|engine={comm.engine.name}|torch={torch.__version__}|{method}")
 
 
 def _verdicts(comm, kind: str) -> Verdicts:
@@ -167,9 +188,11 @@ def _verdicts(comm, kind: str) -> Verdicts:
     text = json.dumps(cached if usable else None).encode()
     shared = _broadcast_bytes(comm, text)
     found = json.loads(shared.decode())
+    across = comm.hosts().hosts > 1
     if found is not None:
-        return Verdicts(tuple(found["sizes"]), found["times"])
-    verdicts = _measure(comm, kind, names) if budget() > 0 else Verdicts((), {})
+        return Verdicts(tuple(found["sizes"]), found["times"], across)
+    measure = _measure_across if across else _measure
+    verdicts = measure(comm, kind, names) if budget() > 0 else Verdicts((), {})
     if verdicts.sizes and comm.rank == 0:
         _save(key, {"sizes": list(verdicts.sizes), "times": verdicts.times})
     return verdicts
@@ -182,17 +205,54 @@ def _measure(comm, kind: str, names: list[str]) -> Verdicts:
     for size in SIZES:
         started = time.monotonic()
         medians = _timed(comm, names, kind, size, 9 if size <= (256 << 10) else 3)
-        measured = torch.tensor(medians + [time.monotonic() - started], dtype=torch.float64)
-        _engine_max(comm, measured)
+        measured = _slowest(comm, medians + [time.monotonic() - started])
         sizes.append(size)
         for i, name in enumerate(names):
-            times[name].append(float(measured[i]))
-        spent += float(measured[-1])
+            times[name].append(measured[i])
+        spent += measured[-1]
         # the next size is 8x larger: below 256 KB the fixed costs dominate and a size costs
         # about as much as the last; from there on, about 8x as much
         if spent + (8 if size >= (256 << 10) else 2) * float(measured[-1]) > limit:
             break
     return Verdicts(tuple(sizes), times)
+
+
+def _measure_across(comm, kind: str, names: list[str]) -> Verdicts:
+    """Across machines: every candidate at ``SMALL``, then the engine alone at growing sizes
+    until the link, not its fixed costs, makes most of its time (``_link_rate``), then every
+    candidate at the largest of ``LARGE`` whose measuring that rate says fits the rest of the
+    budget (no candidate assumed to take over twice the engine's time). Every rank sees the
+    same times, so all choose the same size."""
+    started, limit = time.monotonic(), budget()
+    small = _slowest(comm, _timed(comm, names, kind, SMALL, 5))
+    engine = names.index("engine") if "engine" in names else 0
+    per_byte = _link_rate(comm, names[engine], kind, small[engine], started + limit / 3)
+    left = limit - _slowest(comm, [time.monotonic() - started])[0]
+    fits = [size for size in LARGE
+            if 4 * len(names) * (max(small) + 2 * per_byte * size) <= left]   # a warm call and three timed
+    large = fits[-1] if fits else LARGE[0]
+    times = _slowest(comm, _timed(comm, names, kind, large, 3))
+    return Verdicts((SMALL, large), {name: [small[i], times[i]] for i, name in enumerate(names)}, across=True)
+
+
+def _link_rate(comm, name: str, kind: str, small: float, until: float) -> float:
+    """Seconds per byte of ``name``'s ``kind`` past its fixed cost ``small``: timed at 512 KiB,
+    then 4x larger, until the time is four times the fixed cost (the bytes dominate) or the
+    next size would pass ``until`` (a monotonic time)."""
+    size, per_byte = PROBE, 0.0
+    while True:
+        took = _slowest(comm, _timed(comm, [name], kind, size, 2))[0]
+        per_byte = max(took - small, 1e-3 * took) / (size - SMALL)
+        if took > 4 * small or size * 4 > LARGE[-1] or time.monotonic() + 3 * 4 * took > until:
+            return per_byte
+        size *= 4
+
+
+def _slowest(comm, seconds: list[float]) -> list[float]:
+    """The slowest rank's value of each of ``seconds``, on every rank."""
+    measured = torch.tensor(seconds, dtype=torch.float64)
+    _engine_max(comm, measured)
+    return measured.tolist()
 
 
 def _timed(comm, names: list[str], kind: str, size: int, reps: int) -> list[float]:
