@@ -28,7 +28,7 @@ ENV = "GRADSYNC_ALGORITHMS"
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier")
 SPECIAL = ("auto", "engine")
 TRANSPORTS = ("auto", "gloo", "shm")    # what the schedules' messages travel over (see the module's text)
-SETTINGS = KINDS + ("transport",)
+SETTINGS = KINDS + ("transport", "gradients")    # gradients: approximate gradient sync (``gradients``)
 # which collective each algorithm's schedule can give, beyond the all-reduce every exact one is
 PRODUCERS = {"reduce_scatter": "reduce_scatter", "all_gather": "all_gather", "broadcast": "broadcast"}
 PROBE_WORKERS = (2, 4)       # an algorithm is accepted if its halves give the collective for some of these
@@ -80,7 +80,11 @@ def check(kind: str, choice) -> str:
     gradsync.errors.ConfigError: all_gather cannot run as 'tree': expected one of auto, engine, ...ring, sharded
     """
     if kind not in SETTINGS:
-        raise ConfigError(f"unknown collective {kind!r}: expected one of {', '.join(KINDS)} (or transport)")
+        raise ConfigError(f"unknown collective {kind!r}: expected one of {', '.join(KINDS)} (or transport, gradients)")
+    if kind == "gradients":
+        from .gradients import parse
+
+        return parse(choice).text
     options = allowed(kind)
     if not isinstance(choice, str) or choice not in options:
         raise ConfigError(f"{kind} cannot run as {choice!r}: expected one of {', '.join(options)}")
@@ -159,4 +163,12 @@ def current() -> dict[str, str]:
     with _lock:
         out = {k: _choices.get(k, from_env.get(k, "auto")) for k in KINDS}
         out["transport"] = _choices.get("transport", from_env.get("transport", "auto"))
+        out["gradients"] = _choices.get("gradients") or _gradients_from_env()
         return out
+
+
+def _gradients_from_env() -> str:
+    """GRADSYNC_GRADIENTS, checked (a bad one is refused where the group is made)."""
+    from .gradients import ENV as GRADIENTS, parse
+
+    return parse(os.environ.get(GRADIENTS, "")).text

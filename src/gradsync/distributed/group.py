@@ -35,7 +35,7 @@ import torch.distributed as dist
 from ..runtime.engines import TorchEngine
 from ..runtime.flight import RECORDER
 from ..runtime.transport.base import group_key
-from . import config
+from . import config, gradients
 from .arguments import (COLLECTIVE_OF, REDUCE_OPS, AllgatherOptions, AllreduceOptions, BroadcastOptions,
                         ReduceScatterOptions, even, first_tensor, options_with, plain, scatter_into)
 from .gloo_engine import make_gloo
@@ -86,6 +86,7 @@ class GradsyncGroup(dist.ProcessGroup):
         self._rank, self._size = rank, size      # torch's size() costs microseconds through its bindings
         self.timeout = timeout.total_seconds()
         self._fixed = None if choices is None else {k: config.check(k, v) for k, v in choices.items()}
+        self._gradients = None             # approximate gradient sync (``gradients.Gradients``), or None: exact
         self._choices, self._version = self._read_choices(), config.version()
         self._store = store
         # under torchrun's elastic agent the store outlives a restart: the keys of a dead attempt's
@@ -107,7 +108,14 @@ class GradsyncGroup(dist.ProcessGroup):
 
     def _read_choices(self) -> dict:
         current = config.current()        # a bad GRADSYNC_ALGORITHMS is refused here, not mid-training
-        return current if self._fixed is None else {**current, **self._fixed}
+        current = current if self._fixed is None else {**current, **self._fixed}
+        setting = gradients.parse(current["gradients"])
+        if setting.exact:
+            self._gradients = None
+        elif self._gradients is None or self._gradients.setting != setting:
+            setting.check(self._size)      # a CERAR design that cannot meet its bound: refused before any step
+            self._gradients = gradients.Gradients(setting, self, self._size)
+        return current
 
     @property
     def choices(self) -> dict:
@@ -205,7 +213,11 @@ class GradsyncGroup(dist.ProcessGroup):
         comm = self._comm or self.communicator()
         comm.trace = config.TRACE[0]
         choices = self._choices if self._version == config.VERSION[0] else self.choices
+        approximate = self._gradients
         try:
+            if approximate is not None and approximate.wanted("all_reduce", t, name):
+                out = approximate.all_reduce(t, name, queued(t.numel() * t.element_size(), opts))
+                return Work(out, tensors, self._global)
             out = comm.all_reduce(t, name, choices["all_reduce"], queued(t.numel() * t.element_size(), opts))
         except BaseException as exc:         # refused at once, or the group had failed: torch's error
             raise in_torch_terms(exc, self.global_ranks()) from None
@@ -217,6 +229,10 @@ class GradsyncGroup(dist.ProcessGroup):
         if not (plain(output) and plain(input)) or name is None or output.dtype != input.dtype \
                 or input.numel() != output.numel() * self._size or self._size == 1:
             return self._engine("_reduce_scatter_base", output, output, input, opts)
+        approximate = self._gradients
+        if approximate is not None and approximate.wanted("reduce_scatter", input, name):
+            return self._run("reduce_scatter", lambda c, a, q: approximate.reduce_scatter(output, input, name, c, a, q),
+                             (output, input), input.numel() * input.element_size(), [output], opts)
         return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
                          (output, input), input.numel() * input.element_size(), [output], opts)
 

@@ -1,0 +1,243 @@
+"""Approximate gradient sync under unchanged training code: the gradients DDP all-reduces
+(and HSDP's replicate dimension, and FSDP2's reduce-scatters in fp16 or bf16) travel as a
+codec's payload or by CERAR; everything else stays exact.
+
+Ask for it with ``GRADSYNC_GRADIENTS`` ("fp16", "bf16", "powersgd:rank=4", "topk:ratio=0.01",
+"sign", "cerar:components=8", or "exact", the default) or ``configure(gradients=...)``; it is
+read when a group is made, and a bad value or a CERAR design too inaccurate for the group's
+size fails ``init_process_group`` with a ``ConfigError`` naming it, before any step.
+
+What counts as a gradient: a floating-point all-reduce (SUM or AVG) or reduce-scatter started
+inside a backward pass, that is while the autograd engine runs a graph task, which is where
+DDP's reducer and FSDP2's post-backward hooks start theirs. A loss or a metric the training
+loop all-reduces, the parameters DDP broadcasts at its start, buffers and integer maps (DDP's
+unused-parameter bitmap) are never touched. A reduce-scatter takes fp16 and bf16 only: the
+other codecs compress a whole matrix or rank a whole bucket's values, which one rank's shard
+of a sum is not; with them FSDP2's reduce-scatters stay exact (said once in the log).
+
+Each setting's error bound (``Setting.bound``) is logged once, when the first group takes it:
+
+- fp16 / bf16: every element of the result within (N + 1) (u sum_i |g_i| + N eta) of the exact
+  sum of the tensors g_i the ranks hand over (u = 2^-11 / 2^-8, eta = 2^-25 / 2^-134, half the
+  spacing of the wire type's subnormals, near zero: each gradient is cast after division by N,
+  and each of the partial sums on the way is rounded once);
+- cerar: the design's predicted relative error (2-norm) at most its ``max_error`` (1e-2 by
+  default), the design refused when it is not;
+- powersgd, topk, sign: biased, with no bound per step; their error feedback carries what a
+  step leaves out into the next, so the gradients applied over T steps sum to the exact ones
+  less what the workers still carry (one step's residual).
+
+This module owns the process's setting (through ``config``) and, per group, one ``Gradients``:
+its codec's state (error feedback, PowerSGD's warm starts, at most ``Codec.STATES`` buckets)
+and the position of each call in the current backward pass, which names its bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..errors import ConfigError
+
+ENV = "GRADSYNC_GRADIENTS"
+EXACT = "exact"
+ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}     # unit roundoff of each cast
+FLOOR = {"fp16": 2.0 ** -25, "bf16": 2.0 ** -134}      # half the spacing of its subnormals (absolute)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_told: set = set()                                    # settings already logged in this process (bounded by their texts)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One gradient-sync setting, checked: its ``name`` ("exact", "cerar" or a codec's) and
+    options. ``parse`` makes it.
+
+    >>> parse("fp16").takes("reduce_scatter"), parse("powersgd:rank=2").takes("reduce_scatter")
+    (True, False)
+    """
+
+    text: str
+    name: str
+    options: tuple = ()
+
+    @property
+    def exact(self) -> bool:
+        return self.name == EXACT
+
+    def takes(self, kind: str) -> bool:
+        """Whether gradients of collective ``kind`` travel approximately."""
+        if self.exact:
+            return False
+        return kind == "all_reduce" or (kind == "reduce_scatter" and self.name in ROUNDOFF)
+
+    def check(self, workers: int) -> None:
+        """Refuse (ConfigError) what cannot meet its bound for ``workers`` ranks: a CERAR design
+        whose predicted error passes max_error, or one that needs more ranks."""
+        if self.name == "cerar" and workers > 1:
+            from .. import algorithms
+
+            try:
+                algorithms.build("cerar", workers, workers * 64, **dict(self.options))
+            except ConfigError as exc:
+                raise ConfigError(f"{ENV}={self.text!r} for {workers} ranks: {exc}") from None
+
+    def bound(self, workers: int) -> str:
+        """The error bound this setting keeps at every step, in words with its numbers.
+
+        >>> parse("fp16").bound(4)
+        'fp16: every element within 5 x (2^-11 sum_i |g_i| + 4 x 2^-25) of the exact sum (casts and partial sums)'
+        """
+        if self.exact:
+            return "exact"
+        if self.name in ROUNDOFF:
+            u, eta = (round(math.log2(x[self.name])) for x in (ROUNDOFF, FLOOR))
+            return (f"{self.name}: every element within {workers + 1} x (2^{u} sum_i |g_i| + {workers} x 2^{eta}) "
+                    "of the exact sum (casts and partial sums)")
+        if self.name == "cerar":
+            design = self.design(workers)
+            return (f"{self.text}: predicted relative error {design.checked_error('float32'):.3g} "
+                    f"at most max_error {dict(self.options).get('max_error', _cerar_default()):g}")
+        return (f"{self.text}: no bound per step (biased); error feedback carries what a step leaves "
+                "out into the next, so T steps apply the exact sum less one step's residual")
+
+    def design(self, workers: int):
+        """CERAR's design for ``workers`` ranks with these options."""
+        from .. import algorithms, coding
+
+        schedule = algorithms.build("cerar", workers, workers * 64, **dict(self.options))
+        return coding.design(schedule.codec)
+
+
+def _cerar_default() -> float:
+    from ..coding.cerar import DEFAULT_MAX_ERROR
+
+    return DEFAULT_MAX_ERROR
+
+
+@lru_cache(maxsize=16)
+def parse(text: str) -> Setting:
+    """``GRADSYNC_GRADIENTS``' text as a checked ``Setting``; ConfigError naming it and what
+    is allowed.
+
+    >>> parse("powersgd:rank=4").options
+    (('rank', 4),)
+    >>> parse("gzip")
+    Traceback (most recent call last):
+    ...
+    gradsync.errors.ConfigError: GRADSYNC_GRADIENTS: unknown gradient sync 'gzip': expected exact, cerar or a codec (bf16, fp16, powersgd, sign, topk), with options after ':' as in 'powersgd:rank=4'
+    """
+    from .. import compression
+
+    if not isinstance(text, str):
+        raise ConfigError(f"{ENV}: expected text such as 'fp16' or 'powersgd:rank=4', got {text!r}")
+    name, options = compression.parse(text) if text.strip() else (EXACT, {})
+    if name == EXACT:
+        if options:
+            raise ConfigError(f"{ENV}: 'exact' takes no options, got {text!r}")
+    elif name == "cerar":
+        from .. import algorithms
+
+        spec = algorithms.get("cerar")
+        spec.check_options(options)
+    elif name in compression.REGISTRY:
+        compression.make(name, **options)
+    else:
+        raise ConfigError(f"{ENV}: unknown gradient sync {name!r}: expected exact, cerar or a codec "
+                          f"({', '.join(sorted(compression.names()))}), with options after ':' as in 'powersgd:rank=4'")
+    return Setting(text.strip() or EXACT, name, tuple(sorted(options.items())))
+
+
+def in_backward() -> bool:
+    """Whether this thread runs inside a backward pass (the autograd engine's graph task).
+
+    >>> in_backward()
+    False
+    """
+    return torch._C._current_graph_task_id() != -1
+
+
+class Gradients:
+    """A group's approximate gradient sync: ``wanted(kind, tensor, op)`` says whether a call is
+    a gradient this setting takes; ``all_reduce`` / ``reduce_scatter`` start it as gradsync's
+    ``all_reduce`` does, returning its ``runtime.pending.Pending`` (async) or None (done).
+
+    Example: ``Gradients(parse("fp16"), group).all_reduce(grad, "avg", True)``.
+    """
+
+    def __init__(self, setting: Setting, group, workers: int):
+        self.setting, self.group, self.workers = setting, group, workers
+        self.codec = None
+        if setting.name not in (EXACT, "cerar"):
+            from .. import compression
+
+            self.codec = compression.make(setting.name, **dict(setting.options))
+        self.task, self.position = -1, 0          # the backward pass, and this call's place in it
+        self._algorithm = None
+
+    def wanted(self, kind: str, tensor: torch.Tensor, op: str) -> bool:
+        """A floating-point SUM or AVG of ``kind`` inside a backward pass that the setting takes."""
+        if not (op in ("sum", "avg") and tensor.dtype in FLOATS and in_backward()):
+            return False
+        if self.setting.takes(kind):
+            _tell(self.setting, self.workers)
+            return True
+        if kind == "reduce_scatter":
+            _tell(self.setting, self.workers, f"{self.setting.text} does not take FSDP2's reduce-scatters: they stay "
+                                              "exact (fp16 and bf16 do)")
+        return False
+
+    def all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool):
+        """All-reduce the gradient ``tensor`` in place approximately."""
+        from ..runtime import api
+
+        if self.setting.name == "cerar":
+            work = api.all_reduce(tensor, "cerar", op, group=self.group, async_op=True, **dict(self.setting.options))
+        else:
+            work = api.all_reduce(tensor, self.algorithm(), op, group=self.group, async_op=True,
+                                  compression=self.codec, compression_key=self._key(tensor))
+        if not async_op:
+            work.wait()
+            return None
+        return work._pending
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str, comm, choice: str, async_op: bool):
+        """Reduce-scatter ``input`` into ``output`` with the sum cast to fp16 or bf16 on the wire:
+        divided by N before the cast (so the sum stays in range where the average is), as the
+        all-reduce codecs do."""
+        wire = torch.float16 if self.setting.name == "fp16" else torch.bfloat16
+        packed = input.detach().reshape(-1).div(self.workers).to(wire)
+        small = torch.empty(output.numel(), dtype=wire)
+        scale = 1 if op == "avg" else self.workers
+        comm.reduce_scatter(small, packed, "sum", choice, False)
+        output.view(-1).copy_(small.to(output.dtype).mul_(scale))
+        return None
+
+    def algorithm(self) -> str:
+        """The exact schedule a codec's payload runs on: hierarchical where the group spans
+        machines of several ranks each, else the ring."""
+        if self._algorithm is None:
+            hosts = self.group.communicator().hosts()
+            local = hosts.local_size()
+            self._algorithm = "hierarchical" if hosts.hosts > 1 and local is not None and local > 1 else "ring"
+        return self._algorithm
+
+    def _key(self, tensor: torch.Tensor) -> tuple:
+        """A bucket's name: its place in this backward pass and its size (DDP starts its buckets
+        in the same order every step; a rebuilt bucket gets new state)."""
+        task = torch._C._current_graph_task_id()
+        if task != self.task:
+            self.task, self.position = task, 0
+        self.position += 1
+        return (self.position, tensor.numel())
+
+
+def _tell(setting: Setting, workers: int, what: str | None = None) -> None:
+    """Log, once per process and message, that gradients travel approximately and within what."""
+    text = what or f"gradients travel approximately ({ENV}): {setting.bound(workers)}"
+    if text not in _told and len(_told) < 64:
+        _told.add(text)
+        logging.getLogger("gradsync").warning("gradsync: %s", text)
