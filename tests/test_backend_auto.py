@@ -92,3 +92,36 @@ def test_past_the_measured_sizes_the_fitted_rates_decide_not_the_nearest_verdict
     assert v.pick(16 << 20) == "engine"
     assert v.pick(32 << 20) == "engine"                   # 33.6 ms against 36.8 ms
     assert v.pick(256 << 20) == "ring"                    # 269 ms against 154 ms
+
+
+def _link(fixed, crossings, rate):
+    """A candidate across machines: ``fixed`` seconds, then ``crossings`` x the bytes at ``rate``."""
+    return lambda size, i: fixed + crossings * size / rate
+
+
+@pytest.mark.parametrize("rate", [12.5e6, 125e6, 1.25e9])     # 100 Mbit/s, 1 and 10 Gbit/s
+def test_across_machines_the_link_decides_every_size_past_the_small_one_within_the_budget(monkeypatch, fake_clock,
+                                                                                          rate):
+    # Gloo's flat ring carries 1.5 S over each machine's link, hierarchical 1 S after a
+    # larger fixed cost: it wins from (6 - 1) ms x rate / 0.5 bytes on
+    monkeypatch.setenv(choice.ENV_BUDGET, "2")
+    comm = _Comm({"engine": _link(1e-3, 1.5, rate), "hierarchical": _link(6e-3, 1.0, rate),
+                  "ring": _link(4e-3, 1.5, rate)})
+    verdicts = choice._measure_across(comm, "all_reduce", ["engine", "hierarchical", "ring"])
+    assert _Plan.clock[0] <= 2.0                                     # the first decision within its budget
+    assert verdicts.sizes[0] == choice.SMALL and verdicts.sizes[1] in choice.LARGE
+    crossover = 5e-3 * rate / 0.5
+    for size in (64 << 10, 1 << 20, 4 << 20, 25 << 20, 256 << 20):
+        best = "hierarchical" if 1e-3 + 1.5 * size / rate > 6e-3 + size / rate and size > 1.1 * crossover \
+            else "engine"
+        if 0.9 * crossover < size < 1.5 * crossover:
+            continue                                                 # the 0.95 margin's own band
+        assert verdicts.pick(size) == best, (size, verdicts.pick(size), verdicts.times)
+
+
+def test_across_machines_a_candidate_that_is_never_faster_leaves_every_size_to_the_engine(monkeypatch, fake_clock):
+    # at 10 Gbit/s the schedules' own costs per byte (the host's cores) exceed the link's
+    monkeypatch.setenv(choice.ENV_BUDGET, "2")
+    comm = _Comm({"engine": _link(1e-3, 1.5, 1.25e9), "hierarchical": _link(3e-3, 1.0, 0.6e9)})
+    verdicts = choice._measure_across(comm, "all_reduce", ["engine", "hierarchical"])
+    assert {verdicts.pick(s) for s in (4 << 10, 1 << 20, 25 << 20, 1 << 30)} == {"engine"}
