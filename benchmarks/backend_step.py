@@ -37,6 +37,7 @@ import torch
 from common import step_times
 
 VARIANTS = ("ddp_gloo", "ddp_gradsync", "fsdp_gloo", "fsdp_gradsync")
+HSDP = ("hsdp_gloo", "hsdp_gradsync")      # with --machines: replicated across machines, sharded inside each
 
 
 def _model(width: int, layers: int):
@@ -45,7 +46,29 @@ def _model(width: int, layers: int):
                                  for _ in range(layers)])
 
 
-def _variants(groups: dict, width: int, layers: int) -> dict:
+def _hsdp_mesh(backend: str, workers: int, machines: int):
+    """A 2-D mesh on ``backend``'s subgroups: dimension 0 across the machines (the replicas),
+    dimension 1 inside each machine (the shards); every rank makes every subgroup, in order."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    local, rank = workers // machines, dist.get_rank()
+    mine = {}
+    for j in range(local):                                    # replicate: the same local rank on every machine
+        ranks = [m * local + j for m in range(machines)]
+        group = dist.new_group(ranks, backend=backend)
+        if rank in ranks:
+            mine["replicate"] = group
+    for m in range(machines):                                 # shard: the ranks of one machine
+        ranks = list(range(m * local, (m + 1) * local))
+        group = dist.new_group(ranks, backend=backend)
+        if rank in ranks:
+            mine["shard"] = group
+    return DeviceMesh.from_group([mine["replicate"], mine["shard"]], "cpu",
+                                 mesh=torch.arange(workers).view(machines, local), mesh_dim_names=("replicate", "shard"))
+
+
+def _variants(groups: dict, width: int, layers: int, machines: int = 1) -> dict:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
@@ -60,10 +83,17 @@ def _variants(groups: dict, width: int, layers: int) -> dict:
             fully_shard(layer, mesh=mesh)
         fully_shard(sharded, mesh=mesh)
         out[f"fsdp_{backend}"] = (sharded, torch.optim.SGD(sharded.parameters(), lr=1e-3))
+        if machines > 1:
+            mesh2 = _hsdp_mesh(backend, group.size(), machines)
+            hybrid = _model(width, layers)
+            for layer in hybrid:
+                fully_shard(layer, mesh=mesh2)
+            fully_shard(hybrid, mesh=mesh2)
+            out[f"hsdp_{backend}"] = (hybrid, torch.optim.SGD(hybrid.parameters(), lr=1e-3))
     return out
 
 
-def worker(rank, workers, steps, blocks, width, layers, algorithms):
+def worker(rank, workers, steps, blocks, width, layers, algorithms, machines=1):
     import torch.distributed as dist
 
     import gradsync.distributed
@@ -73,7 +103,8 @@ def worker(rank, workers, steps, blocks, width, layers, algorithms):
     gradsync.distributed.register()
     torch.set_num_threads(1)
     groups = {"gloo": dist.new_group(backend="gloo"), "gradsync": dist.new_group(backend="gradsync")}
-    models = _variants(groups, width, layers)
+    models = _variants(groups, width, layers, machines)
+    variants = VARIANTS + (HSDP if machines > 1 else ())
     x = torch.randn(32, width, generator=torch.Generator().manual_seed(rank))
 
     def step(name):
@@ -82,7 +113,7 @@ def worker(rank, workers, steps, blocks, width, layers, algorithms):
         net(x).square().mean().backward()
         opt.step()
 
-    seconds = step_times(step, VARIANTS, steps, blocks, dist.barrier)
+    seconds = step_times(step, variants, steps, blocks, dist.barrier)
     import gradsync.distributed
 
     return {"seconds": seconds, "same": _same(models), "auto": gradsync.distributed.table(groups["gradsync"])}
@@ -132,7 +163,9 @@ def collectives(rank, workers, sizes_mb):
 def _same(models: dict) -> dict:
     """Max |difference| of the parameters trained on Gloo and on gradsync, for DDP and FSDP2."""
     out = {}
-    for kind in ("ddp", "fsdp"):
+    for kind in ("ddp", "fsdp", "hsdp"):
+        if f"{kind}_gloo" not in models:
+            continue
         a, b = (models[f"{kind}_{backend}"][0] for backend in ("gloo", "gradsync"))
         full = [(p.full_tensor() if hasattr(p, "full_tensor") else p, q.full_tensor() if hasattr(q, "full_tensor")
                  else q) for p, q in zip(a.parameters(), b.parameters())]
@@ -171,26 +204,28 @@ def main(argv=None):
 
             with SlowLinks(args.workers, args.link_bandwidth, per_node=args.workers // args.machines) as net:
                 per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers,
-                               args.algorithms, network=net, timeout=1800.0)
+                               args.algorithms, args.machines, network=net, timeout=1800.0)
         else:
             per_rank = run(worker, args.workers, args.steps, args.blocks, args.width, args.layers, args.algorithms,
                            timeout=600.0)
-        seconds = {k: max(r["seconds"][k] for r in per_rank) for k in VARIANTS}     # the slowest rank's
+        seconds = {k: max(r["seconds"][k] for r in per_rank) for k in per_rank[0]["seconds"]}   # the slowest rank's
         launch = {"seconds": seconds, "same": per_rank[0]["same"], "auto": per_rank[0]["auto"],
-                  "ddp_ratio": seconds["ddp_gradsync"] / seconds["ddp_gloo"],
-                  "fsdp_ratio": seconds["fsdp_gradsync"] / seconds["fsdp_gloo"]}
+                  **{f"{kind}_ratio": seconds[f"{kind}_gradsync"] / seconds[f"{kind}_gloo"]
+                     for kind in ("ddp", "fsdp", "hsdp") if f"{kind}_gloo" in seconds}}
         launches.append(launch)
         print(f"launch {i}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in seconds.items())
-              + f"  ratio ddp {launch['ddp_ratio']:.2f} fsdp {launch['fsdp_ratio']:.2f}  same {launch['same']}"
+              + "  ratio " + " ".join(f"{k[:-6]} {v:.2f}" for k, v in launch.items() if k.endswith("_ratio"))
+              + f"  same {launch['same']}"
               + "  auto: " + ", ".join(f"{a['collective']} {a['bytes'] >> 10} KiB {a['choice']}" for a in launch["auto"]),
               flush=True)
     result = {"workers": args.workers, "machines": args.machines,
               "link_bandwidth": args.link_bandwidth if args.machines > 1 else None, "width": args.width, "layers": args.layers, "steps": args.steps,
               "blocks": args.blocks, "algorithms": args.algorithms or "auto", "launches": launches,
-              "median_ddp_ratio": statistics.median(x["ddp_ratio"] for x in launches),
-              "median_fsdp_ratio": statistics.median(x["fsdp_ratio"] for x in launches)}
-    print(f"median over {args.launches} launches, gradsync / Gloo step time: DDP {result['median_ddp_ratio']:.2f}x, "
-          f"FSDP2 {result['median_fsdp_ratio']:.2f}x")
+              **{f"median_{kind}_ratio": statistics.median(x[f"{kind}_ratio"] for x in launches)
+                 for kind in ("ddp", "fsdp", "hsdp") if f"{kind}_ratio" in launches[0]}}
+    print(f"median over {args.launches} launches, gradsync / Gloo step time: "
+          + ", ".join(f"{label} {result[f'median_{kind}_ratio']:.2f}x" for kind, label in
+                      (("ddp", "DDP"), ("fsdp", "FSDP2"), ("hsdp", "HSDP")) if f"median_{kind}_ratio" in result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

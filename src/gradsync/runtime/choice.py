@@ -87,6 +87,7 @@ class Verdicts:
 
     def __init__(self, sizes: tuple, times: dict[str, list[float]], across: bool = False):
         self.sizes, self.times, self.across = tuple(sizes), times, across
+        self.spent = 0.0                   # seconds this process measured for them (0: from the cache)
 
     def pick(self, nbytes: int) -> str:
         """The candidate for ``nbytes``: the nearest measured size's winner, or past the largest
@@ -119,7 +120,7 @@ class Verdicts:
 
     def table(self, collective: str) -> list[dict]:
         """One row per measured size: its choice and every candidate's median time."""
-        return [{"collective": collective, "bytes": size, "choice": self.pick(size),
+        return [{"collective": collective, "bytes": size, "choice": self.pick(size), "measured_in": self.spent,
                  "seconds": {name: t[i] for name, t in self.times.items()}} for i, size in enumerate(self.sizes)]
 
 
@@ -192,7 +193,9 @@ def _verdicts(comm, kind: str) -> Verdicts:
     if found is not None:
         return Verdicts(tuple(found["sizes"]), found["times"], across)
     measure = _measure_across if across else _measure
+    started = time.monotonic()
     verdicts = measure(comm, kind, names) if budget() > 0 else Verdicts((), {})
+    verdicts.spent = time.monotonic() - started
     if verdicts.sizes and comm.rank == 0:
         _save(key, {"sizes": list(verdicts.sizes), "times": verdicts.times})
     return verdicts
