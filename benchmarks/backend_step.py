@@ -187,6 +187,8 @@ def main(argv=None):
     parser.add_argument("--sizes-mb", default="1,16")
     parser.add_argument("--machines", type=int, default=1, help="emulated machines (root); 1: none")
     parser.add_argument("--link-bandwidth", default="1Gbit", help="with --machines: each machine's link")
+    parser.add_argument("--fresh-choice", action="store_true",
+                        help="auto measures anew in every launch (a cache of its own per launch)")
     args = parser.parse_args(argv)
     from gradsync.tools.launch import run
 
@@ -199,6 +201,10 @@ def main(argv=None):
         return result
     launches = []
     for i in range(args.launches):
+        if args.fresh_choice:
+            import tempfile
+
+            os.environ["GRADSYNC_AUTO_CACHE"] = str(Path(tempfile.mkdtemp(prefix="gradsync-auto-")) / "auto.json")
         if args.machines > 1:
             from gradsync.tools.links import SlowLinks
 

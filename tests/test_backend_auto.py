@@ -125,3 +125,14 @@ def test_across_machines_a_candidate_that_is_never_faster_leaves_every_size_to_t
     comm = _Comm({"engine": _link(1e-3, 1.5, 1.25e9), "hierarchical": _link(3e-3, 1.0, 0.6e9)})
     verdicts = choice._measure_across(comm, "all_reduce", ["engine", "hierarchical"])
     assert {verdicts.pick(s) for s in (4 << 10, 1 << 20, 25 << 20, 1 << 30)} == {"engine"}
+
+
+@pytest.mark.parametrize("machines,local", [(2, 2), (2, 4), (4, 2), (3, 3), (4, 1)])
+def test_bytes_over_each_machine_link_read_off_the_schedules_match_their_closed_forms(machines, local):
+    hosts = tuple(r // local for r in range(machines * local))
+    n = machines * local
+    # a flat ring crosses each machine's boundary with 2 (N - 1)/N of the buffer (one rank per
+    # machine: every link is a crossing), hierarchical with 2 (M - 1)/M
+    assert choice.link_bytes("ring", hosts) == pytest.approx(2 * (n - 1) / n)
+    if local > 1:
+        assert choice.link_bytes("hierarchical", hosts, local) == pytest.approx(2 * (machines - 1) / machines)

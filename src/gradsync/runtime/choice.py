@@ -43,8 +43,10 @@ import math
 import os
 import statistics
 import time
+from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import torch
 
 SIZES = (4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20)     # bytes
@@ -55,7 +57,8 @@ ENV_CACHE, ENV_BUDGET = "GRADSYNC_AUTO_CACHE", "GRADSYNC_AUTO_BUDGET"
 METHOD = "median-interleaved-after-barrier/times/2"   # what the cache holds; another method's is not reused
 SMALL, PROBE = 32 << 10, 512 << 10      # across machines: the fixed costs' size, and the engine's rate probe
 LARGE = tuple(1 << k for k in range(18, 26))   # across machines: 256 KiB to 32 MiB, the link's sizes
-ACROSS = "small-and-large-by-link-rate/1"
+LARGE_REPS = 5          # calls per candidate at the large size: two candidates can be 15% apart there
+ACROSS = "small-and-large-by-link-rate/2"
 
 
 def cache_path() -> Path:
@@ -133,9 +136,11 @@ def _winner(times: dict[str, float]) -> str:
 
 def candidates(comm, kind: str) -> list[str]:
     """What auto weighs for ``kind`` on ``comm``'s group, the engine first: on one host the
-    shared-buffer collectives and the ring over shared memory; across hosts the ring, halving-
-    doubling (N a power of two; else tree for all-reduce, sharded for the halves) and, where
-    every host holds the same number of consecutive ranks, hierarchical.
+    shared-buffer collectives and the ring over shared memory; across hosts the schedules that
+    carry fewer bytes over the busiest machine's link than the engine's flat ring (``link_bytes``:
+    hierarchical where every host holds the same number of consecutive ranks, two or more),
+    since a schedule with as many bytes on the link as the engine's ring runs them in Python and
+    cannot be faster (measured: ring and halving-doubling lost every size over 2 x 2 machines).
 
     Example: ``candidates(comm, "all_reduce")`` is ["engine", "one_host", "ring"] on one host.
     """
@@ -146,11 +151,40 @@ def candidates(comm, kind: str) -> list[str]:
         return ["engine", "one_host", "ring"]
     engine = ["engine"] if comm.engine.takes(kind, torch.float32, "sum") else []
     power_of_two = workers & (workers - 1) == 0
-    out = engine + ["ring", "halving_doubling" if power_of_two else ("tree" if kind == "all_reduce" else "sharded")]
-    local = comm.hosts().local_size()
+    out = ["ring", "halving_doubling" if power_of_two else ("tree" if kind == "all_reduce" else "sharded")]
+    found = comm.hosts()
+    local = found.local_size()
     if local is not None and 1 < local < workers:
         out.append("hierarchical")
-    return [c for c in out if c == "engine" or kind == "all_reduce" or kind in produces(c, workers)]
+    out = [c for c in out if kind == "all_reduce" or kind in produces(c, workers)]
+    if engine and found.hosts > 1:
+        flat = link_bytes("ring", found.host)
+        out = [c for c in out if link_bytes(c, found.host, local) < MARGIN * flat]
+    return engine + out
+
+
+@lru_cache(maxsize=64)
+def link_bytes(algorithm: str, host_of_rank: tuple, local_size: int | None = None) -> float:
+    """The most bytes any one host sends or receives over its link in ``algorithm``'s all-reduce
+    schedule, per byte of the buffer, where rank r runs on host ``host_of_rank[r]`` (read from
+    the schedule itself; the engine's flat ring is "ring").
+
+    >>> link_bytes("ring", (0, 0, 1, 1)), link_bytes("hierarchical", (0, 0, 1, 1), 2)
+    (1.5, 1.0)
+    """
+    from .. import algorithms
+
+    workers = len(host_of_rank)
+    options = {"local_size": local_size} if algorithms.get(algorithm).machine_option and local_size else {}
+    elements = workers * 1200
+    t = algorithms.build(algorithm, workers, elements, **options).transfers
+    hosts = np.asarray(host_of_rank + (-1,) * 64)          # helper nodes (past the workers) on no host's link
+    src, dst = hosts[t["src"]], hosts[t["dst"]]
+    crossing = (src != dst) & (src >= 0) & (dst >= 0)
+    count = max(host_of_rank) + 1
+    out = np.bincount(src[crossing], weights=t["count"][crossing], minlength=count)
+    into = np.bincount(dst[crossing], weights=t["count"][crossing], minlength=count)
+    return float(max(out.max(), into.max())) / elements
 
 
 def choose(comm, kind: str, dtype, nbytes: int) -> str:
@@ -192,6 +226,8 @@ def _verdicts(comm, kind: str) -> Verdicts:
     across = comm.hosts().hosts > 1
     if found is not None:
         return Verdicts(tuple(found["sizes"]), found["times"], across)
+    if names == ["engine"]:                # nothing that could beat it: nothing to measure
+        return Verdicts((), {})
     measure = _measure_across if across else _measure
     started = time.monotonic()
     verdicts = measure(comm, kind, names) if budget() > 0 else Verdicts((), {})
@@ -232,9 +268,9 @@ def _measure_across(comm, kind: str, names: list[str]) -> Verdicts:
     per_byte = _link_rate(comm, names[engine], kind, small[engine], started + limit / 3)
     left = limit - _slowest(comm, [time.monotonic() - started])[0]
     fits = [size for size in LARGE
-            if 4 * len(names) * (max(small) + 2 * per_byte * size) <= left]   # a warm call and three timed
+            if (1 + LARGE_REPS) * len(names) * (max(small) + 2 * per_byte * size) <= left]   # a warm call, then timed
     large = fits[-1] if fits else LARGE[0]
-    times = _slowest(comm, _timed(comm, names, kind, large, 3))
+    times = _slowest(comm, _timed(comm, names, kind, large, LARGE_REPS))
     return Verdicts((SMALL, large), {name: [small[i], times[i]] for i, name in enumerate(names)}, across=True)
 
 
