@@ -165,44 +165,58 @@ class Gradients:
     a gradient this setting takes; ``all_reduce`` / ``reduce_scatter`` start it as gradsync's
     ``all_reduce`` does, returning its ``runtime.pending.Pending`` (async) or None (done).
 
-    Example: ``Gradients(parse("fp16"), group).all_reduce(grad, "avg", True)``.
+    Example: ``Gradients(parse("fp16"), group, 4).all_reduce(grad, "avg", True)``.
     """
 
     def __init__(self, setting: Setting, group, workers: int):
         self.setting, self.group, self.workers = setting, group, workers
+        self.first = group.rank() == 0              # the group's rank 0 logs: one line per job, not per rank
         self.codec = None
         if setting.name not in (EXACT, "cerar"):
             from .. import compression
 
             self.codec = compression.make(setting.name, **dict(setting.options))
         self.task, self.position = -1, 0          # the backward pass, and this call's place in it
-        self._algorithm = None
 
     def wanted(self, kind: str, tensor: torch.Tensor, op: str) -> bool:
         """A floating-point SUM or AVG of ``kind`` inside a backward pass that the setting takes."""
         if not (op in ("sum", "avg") and tensor.dtype in FLOATS and in_backward()):
             return False
+        first = self.first
         if self.setting.takes(kind):
-            _tell(self.setting, self.workers)
+            if first:
+                _tell(self.setting, self.workers)
             return True
-        if kind == "reduce_scatter":
+        if kind == "reduce_scatter" and first:
             _tell(self.setting, self.workers, f"{self.setting.text} does not take FSDP2's reduce-scatters: they stay "
                                               "exact (fp16 and bf16 do)")
         return False
 
     def all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool):
-        """All-reduce the gradient ``tensor`` in place approximately."""
-        from ..runtime import api
-
+        """All-reduce the gradient ``tensor`` in place approximately: CERAR's schedule, or the
+        codec on the group's communicator, in start order with the group's other collectives."""
         if self.setting.name == "cerar":
+            from ..runtime import api
+
             work = api.all_reduce(tensor, "cerar", op, group=self.group, async_op=True, **dict(self.setting.options))
-        else:
-            work = api.all_reduce(tensor, self.algorithm(), op, group=self.group, async_op=True,
-                                  compression=self.codec, compression_key=self._key(tensor))
-        if not async_op:
-            work.wait()
-            return None
-        return work._pending
+            if not async_op:
+                work.wait()
+                return None
+            return work._pending
+        key = self._key(tensor)
+        comm = self.group.communicator()
+        out = comm.run(lambda t: self._coded(comm, t, op, key), (tensor,), async_op)
+        return out if async_op else None
+
+    def _coded(self, comm, tensor: torch.Tensor, op: str, key) -> torch.Tensor:
+        """The codec's whole step on ``tensor`` (run as one of the group's collectives)."""
+        with torch.no_grad():
+            flat = tensor.detach().reshape(-1).to(torch.float32)
+            self.codec.reduce(flat, CommunicatorExchange(comm), key)
+            if op == "avg":
+                flat /= self.workers
+            tensor.copy_(flat.view(tensor.shape))
+        return tensor
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str, comm, choice: str, async_op: bool):
         """Reduce-scatter ``input`` into ``output`` with the sum cast to fp16 or bf16 on the wire:
@@ -216,15 +230,6 @@ class Gradients:
         output.view(-1).copy_(small.to(output.dtype).mul_(scale))
         return None
 
-    def algorithm(self) -> str:
-        """The exact schedule a codec's payload runs on: hierarchical where the group spans
-        machines of several ranks each, else the ring."""
-        if self._algorithm is None:
-            hosts = self.group.communicator().hosts()
-            local = hosts.local_size()
-            self._algorithm = "hierarchical" if hosts.hosts > 1 and local is not None and local > 1 else "ring"
-        return self._algorithm
-
     def _key(self, tensor: torch.Tensor) -> tuple:
         """A bucket's name: its place in this backward pass and its size (DDP starts its buckets
         in the same order every step; a rebuilt bucket gets new state)."""
@@ -233,6 +238,27 @@ class Gradients:
             self.task, self.position = task, 0
         self.position += 1
         return (self.position, tensor.numel())
+
+
+class CommunicatorExchange:
+    """The exchange a codec runs its payload's collectives on: the group's communicator, so
+    each takes the one choice (``runtime.choice``: the engine for a small payload, hierarchical
+    across machines for a large one). ``all_gather`` gives a workers x n tensor, rank by rank.
+
+    Example: ``codec.reduce(flat, CommunicatorExchange(group.communicator()), key)``.
+    """
+
+    def __init__(self, comm):
+        self.comm, self.workers, self.rank = comm, comm.size, comm.rank
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.comm.all_reduce(tensor, "sum", "auto", False)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.workers * tensor.numel(), dtype=tensor.dtype)
+        self.comm.all_gather(out, tensor.reshape(-1), "auto", False)
+        return out.view(self.workers, -1)
 
 
 def _tell(setting: Setting, workers: int, what: str | None = None) -> None:
