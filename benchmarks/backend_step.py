@@ -3,7 +3,7 @@
 Usage: python benchmarks/backend_step.py [--workers 4] [--launches 3] [--steps 10] [--blocks 3]
        [--width 1024] [--layers 8] [--algorithms "all_reduce=ring,..."] [--out FILE]
        python benchmarks/backend_step.py --collectives [--workers 4] [--sizes-mb 1,16]
-       python benchmarks/backend_step.py --machines 2 --link-bandwidth 1Gbit   (root: emulated machines)
+       python benchmarks/backend_step.py --machines 2 --link-bandwidth 1Gbit [--fresh-choice]   (root: emulated machines)
 
 ``--collectives`` times single collectives instead (all_reduce, reduce_scatter_tensor,
 all_gather_into_tensor of float32, median of 8 calls after 2): on the Gloo group, and on the
@@ -22,7 +22,10 @@ compared at the end (max |difference|, to show the same training happened).
 
 ``--machines M --link-bandwidth B`` puts the workers on M emulated machines (network
 namespaces, --workers / M each, joined by links shaped to B: ``gradsync.tools.links``), as
-the hierarchical benchmark does; ``auto`` then weighs the hierarchical schedule too.
+the hierarchical benchmark does; ``auto`` then weighs the hierarchical schedule too, and an
+HSDP variant joins (``fully_shard`` on a 2-D mesh of each backend's subgroups: replicas across
+the machines, shards inside each). ``--fresh-choice`` gives every launch a cache of its own,
+so that ``auto`` measures anew in each (its decisions then vary as its measurements do).
 """
 
 import argparse
