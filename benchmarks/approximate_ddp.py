@@ -2,7 +2,8 @@
 and time to a stated test accuracy against exact sync on Gloo.
 
 Usage: python benchmarks/approximate_ddp.py [--machines 2] [--workers 4] [--link-bandwidth 100Mbit]
-       [--settings exact,fp16,powersgd:rank=4,cerar:components=4] [--target 0.95] [--max-steps 150]
+       [--settings exact,fp16,powersgd:rank=4,topk:ratio=0.05,cerar:components=8] [--target 0.95]
+       [--max-steps 150] [--check-every 1]
        [--width 1024] [--out FILE]      (root: network namespaces and shaped links)
 
 The task is scikit-learn's handwritten digits (it ships with the package), an MLP of two hidden
@@ -26,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,7 +130,7 @@ def main(argv=None):
     parser.add_argument("--machines", type=int, default=2)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--link-bandwidth", default="100Mbit")
-    parser.add_argument("--settings", default="exact,fp16,powersgd:rank=4,cerar:components=4")
+    parser.add_argument("--settings", default="exact,fp16,powersgd:rank=4,topk:ratio=0.05,cerar:components=8")
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-steps", type=int, default=150)
     parser.add_argument("--width", type=int, default=1024)
@@ -141,6 +143,8 @@ def main(argv=None):
     rows = []
     for backend, setting in [("gloo", "exact")] + [("gradsync", s) for s in args.settings.split(";" if ";" in
                                                                                               args.settings else ",")]:
+        # a cache of its own per launch: auto decides on this link, not on a verdict another run cached
+        os.environ["GRADSYNC_AUTO_CACHE"] = str(Path(tempfile.mkdtemp(prefix="gradsync-auto-")) / "auto.json")
         with SlowLinks(args.workers, args.link_bandwidth, per_node=args.workers // args.machines) as net:
             per_rank = run(worker, args.workers, backend, setting, args.target, args.max_steps, args.width,
                            args.check_every, network=net, timeout=600.0)
