@@ -151,6 +151,23 @@ def parse(text: str) -> Setting:
     return Setting(text.strip() or EXACT, name, tuple(sorted(options.items())))
 
 
+def for_group(text: str, group, workers: int, current: "Gradients | None" = None) -> "Gradients | None":
+    """A group's ``Gradients`` for the setting ``text`` (None: exact): ``current`` kept while
+    the setting is the same (its codec's state with it), else a new one, checked for the
+    group's size first (a CERAR design that cannot meet its bound is refused before any step).
+
+    >>> for_group("exact", None, 4) is None
+    True
+    """
+    setting = parse(text)
+    if setting.exact:
+        return None
+    if current is not None and current.setting == setting:
+        return current
+    setting.check(workers)
+    return Gradients(setting, group, workers)
+
+
 def in_backward() -> bool:
     """Whether this thread runs inside a backward pass (the autograd engine's graph task).
 

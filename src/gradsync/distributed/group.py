@@ -109,12 +109,7 @@ class GradsyncGroup(dist.ProcessGroup):
     def _read_choices(self) -> dict:
         current = config.current()        # a bad GRADSYNC_ALGORITHMS is refused here, not mid-training
         current = current if self._fixed is None else {**current, **self._fixed}
-        setting = gradients.parse(current["gradients"])
-        if setting.exact:
-            self._gradients = None
-        elif self._gradients is None or self._gradients.setting != setting:
-            setting.check(self._size)      # a CERAR design that cannot meet its bound: refused before any step
-            self._gradients = gradients.Gradients(setting, self, self._size)
+        self._gradients = gradients.for_group(current["gradients"], self, self._size, self._gradients)
         return current
 
     @property
@@ -231,10 +226,10 @@ class GradsyncGroup(dist.ProcessGroup):
             return self._engine("_reduce_scatter_base", output, output, input, opts)
         approximate = self._gradients
         if approximate is not None and approximate.wanted("reduce_scatter", input, name):
-            return self._run("reduce_scatter", lambda c, a, q: approximate.reduce_scatter(output, input, name, c, a, q),
-                             (output, input), input.numel() * input.element_size(), [output], opts)
-        return self._run("reduce_scatter", lambda c, a, q: c.reduce_scatter(output, input, name, a, q),
-                         (output, input), input.numel() * input.element_size(), [output], opts)
+            call = lambda c, a, q: approximate.reduce_scatter(output, input, name, c, a, q)   # noqa: E731
+        else:
+            call = lambda c, a, q: c.reduce_scatter(output, input, name, a, q)                # noqa: E731
+        return self._run("reduce_scatter", call, (output, input), input.numel() * input.element_size(), [output], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
