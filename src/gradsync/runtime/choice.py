@@ -19,12 +19,14 @@ verdict: the rates differ most where nothing was measured.
 
 Across machines the link decides, and a time budget would stop where the link has not yet
 begun to count (over 1 Gbit/s a 2 s budget measures up to 256 KiB, where fixed costs and the
-machines' noise hide what the bytes cost). There every candidate is timed at a small size
-(``SMALL``), the engine once at ``PROBE`` bytes, which gives the link's rate as the engine
-sees it, and then every candidate again at the largest of ``LARGE`` that this rate lets the
-remaining budget pay for: two points per candidate, where the second is the link's (``across``).
-Every size past the small one takes the line through them, so a 4 MiB bucket is decided by
-what 4 MiB costs on this link, not by the verdict at 32 KiB.
+machines' noise hide what the bytes cost). There the candidates are only the schedules with
+fewer bytes on the busiest machine's link than the engine's ring (``link_bytes``, read off the
+schedules), each is timed at a small size (``SMALL``), the engine alone at growing sizes from
+``PROBE`` bytes until its bytes dominate (the link's rate as the engine sees it), and then
+every candidate again at the largest of ``LARGE`` that this rate lets the remaining budget pay
+for: two points per candidate, where the second is the link's (``_measure_across``). Every
+size past the small one takes the line through them, so a 4 MiB bucket is decided by what
+4 MiB costs on this link, not by the verdict at 32 KiB.
 
 The measurements are cached per host in a JSON file (``cache_path()``: GRADSYNC_AUTO_CACHE, else
 ~/.cache/gradsync/backend-auto.json), keyed by collective, group size, hosts, ranks per host,
