@@ -187,7 +187,7 @@ class Gradients:
 
     def __init__(self, setting: Setting, group, workers: int):
         self.setting, self.group, self.workers = setting, group, workers
-        self.first = group.rank() == 0              # the group's rank 0 logs: one line per job, not per rank
+        self.told = set() if group.rank() == 0 else None     # kinds logged; only rank 0 logs (one line a job)
         self.codec = None
         if setting.name not in (EXACT, "cerar"):
             from .. import compression
@@ -199,15 +199,12 @@ class Gradients:
         """A floating-point SUM or AVG of ``kind`` inside a backward pass that the setting takes."""
         if not (op in ("sum", "avg") and tensor.dtype in FLOATS and in_backward()):
             return False
-        first = self.first
-        if self.setting.takes(kind):
-            if first:
-                _tell(self.setting, self.workers)
-            return True
-        if kind == "reduce_scatter" and first:
-            _tell(self.setting, self.workers, f"{self.setting.text} does not take FSDP2's reduce-scatters: they stay "
-                                              "exact (fp16 and bf16 do)")
-        return False
+        takes = self.setting.takes(kind)
+        if self.told is not None and kind not in self.told:      # once per kind, then never again
+            self.told.add(kind)
+            _tell(self.setting, self.workers, None if takes else
+                  f"{self.setting.text} does not take FSDP2's reduce-scatters: they stay exact (fp16 and bf16 do)")
+        return takes
 
     def all_reduce(self, tensor: torch.Tensor, op: str, async_op: bool):
         """All-reduce the gradient ``tensor`` in place approximately: CERAR's schedule, or the
@@ -238,7 +235,8 @@ class Gradients:
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str, comm, choice: str, async_op: bool):
         """Reduce-scatter ``input`` into ``output`` with the sum cast to fp16 or bf16 on the wire:
         divided by N before the cast (so the sum stays in range where the average is), as the
-        all-reduce codecs do."""
+        all-reduce codecs do; in this thread, after what the group has queued (``async_op`` is
+        met by a finished call)."""
         wire = torch.float16 if self.setting.name == "fp16" else torch.bfloat16
         packed = input.detach().reshape(-1).div(self.workers).to(wire)
         small = torch.empty(output.numel(), dtype=wire)
