@@ -137,12 +137,19 @@ def main(argv=None):
     parser.add_argument("--check-every", type=int, default=1, help="steps between checks of the bound")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    from gradsync.distributed.gradients import parse
+    from gradsync.errors import ConfigError
     from gradsync.tools.launch import run
     from gradsync.tools.links import SlowLinks
 
+    settings = args.settings.split(";" if ";" in args.settings else ",")
+    try:
+        for setting in settings:                  # refused here, before any launch
+            parse(setting).check(args.workers)
+    except ConfigError as exc:
+        parser.error(str(exc))
     rows = []
-    for backend, setting in [("gloo", "exact")] + [("gradsync", s) for s in args.settings.split(";" if ";" in
-                                                                                              args.settings else ",")]:
+    for backend, setting in [("gloo", "exact")] + [("gradsync", s) for s in settings]:
         # a cache of its own per launch: auto decides on this link, not on a verdict another run cached
         os.environ["GRADSYNC_AUTO_CACHE"] = str(Path(tempfile.mkdtemp(prefix="gradsync-auto-")) / "auto.json")
         with SlowLinks(args.workers, args.link_bandwidth, per_node=args.workers // args.machines) as net:

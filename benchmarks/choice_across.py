@@ -76,7 +76,10 @@ def main(argv=None):
     from gradsync.tools.links import SlowLinks
 
     os.environ["GRADSYNC_AUTO_CACHE"] = str(Path(tempfile.mkdtemp(prefix="gradsync-auto-")) / "auto.json")
-    sizes = [int(float(k) * 1024) for k in args.sizes_kb.split(",")]
+    try:
+        sizes = [int(float(k) * 1024) for k in args.sizes_kb.split(",")]
+    except ValueError:
+        parser.error(f"--sizes-kb: expected sizes in KiB separated by commas, got {args.sizes_kb!r}")
     with SlowLinks(args.workers, args.link_bandwidth, per_node=args.workers // args.machines) as net:
         per_rank = run(worker, args.workers, sizes, args.reps, network=net, timeout=900.0)
     rows = []
