@@ -492,6 +492,21 @@ def broadcast_root_minus_one(pg, rank, workers):
 
 
 @case
+def broadcast_root_tensor_minus_one(pg, rank, workers):
+    """One tensor and opts.rootTensor = -1 (PyTorch's test_broadcast_checks): Gloo refuses it at once."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, -1
+    return pg.broadcast([torch.zeros(1)], opts).wait()
+
+
+@case
+def broadcast_root_tensor_past_the_end(pg, rank, workers):
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor = 0, 1
+    return pg.broadcast([torch.zeros(1)], opts).wait()
+
+
+@case
 def broadcast_root_past_the_end(pg, rank, workers):
     opts = dist.BroadcastOptions()
     opts.rootRank = workers

@@ -292,8 +292,9 @@ class GradsyncGroup(dist.ProcessGroup):
         if type(opts) is not BroadcastOptions:         # broadcast(tensor, root)
             tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
             opts = options_with(BroadcastOptions, rootRank=opts if opts is not None else root, timeout=timeout)
-        root = opts.rootRank
-        if len(tensors) != 1 or not plain(tensors[0]) or not 0 <= root < self._size or self._size == 1:
+        root = opts.rootRank               # a bad root rank or root tensor: Gloo's own refusal, at once
+        if len(tensors) != 1 or not plain(tensors[0]) or not 0 <= root < self._size or opts.rootTensor != 0 \
+                or self._size == 1:
             return self._engine("broadcast", tensors[0] if tensors else None, tensors, opts)
         t = tensors[0]
         return self._run("broadcast", lambda c, a, q: c.broadcast(t, root, a, q), tensors,
