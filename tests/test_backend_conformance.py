@@ -317,3 +317,32 @@ def test_a_one_rank_group_under_a_forced_choice_does_what_gloo_does(choice):
             dist.destroy_process_group()
     found = difference(rows["gloo"], rows["gradsync"])
     assert found is None, f"one rank under {choice}: {found}"
+
+
+def test_the_group_s_timeout_reads_and_changes_as_gloo_s():
+    """PyTorch's test_set_gloo_pg_timeout on the group itself, beside ProcessGroupGloo made the
+    same way: ``options._timeout`` is the group's timeout and ``_set_default_timeout`` changes
+    it, for the engine and for the bound within which gradsync names a failed peer."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import gradsync.distributed
+
+    gradsync.distributed.register()
+    made = datetime.timedelta(seconds=50)
+    dist.init_process_group("gradsync", store=dist.HashStore(), rank=0, world_size=1, timeout=made)
+    try:
+        ours = dist.distributed_c10d._get_default_group()
+        ours.communicator()                          # made before the change: it must follow it
+        groups = {"gloo": dist.ProcessGroupGloo(dist.HashStore(), 0, 1, made), "gradsync": ours}
+        seen = {}
+        for name, pg in groups.items():
+            pg.allreduce([torch.ones(10)]).wait()
+            before = pg.options._timeout
+            pg._set_default_timeout(datetime.timedelta(seconds=23))
+            seen[name] = (before, pg.options._timeout)
+        assert seen["gradsync"] == seen["gloo"] == (made, datetime.timedelta(seconds=23))
+        assert ours.timeout == 23.0 and ours.communicator().timeout == 23.0
+    finally:
+        dist.destroy_process_group()

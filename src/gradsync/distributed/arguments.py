@@ -7,6 +7,8 @@ Example: ``plain(torch.ones(4))`` is True; ``plain(torch.ones(4, 4).t())`` is Fa
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
@@ -64,3 +66,26 @@ def scatter_into(outs, flat) -> None:
     """Copy ``flat``'s equal parts into the tensors ``outs``, in order."""
     for o, part in zip(outs, flat.chunk(len(outs))):
         o.copy_(part.view(o.shape))
+
+
+def subgroup_timeout(timeout: datetime.timedelta) -> datetime.timedelta:
+    """A subgroup made without a timeout (DeviceMesh's, torch's 30-minute default) takes the
+    default group's, as a user who gave ``init_process_group`` one expects: else a stopped
+    rank would be waited for 30 minutes in an HSDP shard group."""
+    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    mine = getattr(default, "timeout", None)
+    if timeout == dist.default_pg_timeout and isinstance(mine, float) and mine < timeout.total_seconds():
+        return datetime.timedelta(seconds=mine)
+    return timeout
+
+
+INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
+
+
+def queued(nbytes: int, opts) -> bool:
+    """Whether a call goes to the group's progress thread: only a large one whose caller goes on
+    (DDP's buckets, FSDP2's prefetches, ``async_op=True``). A blocking call (``dist.all_reduce``
+    without async_op sets the options' asyncOp to False, then waits at once) runs in the
+    caller's thread at every size: handing 1 to 4 MiB over to the thread and waiting for it
+    took 1.6x the call's own time on 2 cores. ``queued(1 << 20, AllreduceOptions())`` is True."""
+    return nbytes > INLINE_MAX and getattr(opts, "asyncOp", True)

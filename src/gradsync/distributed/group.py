@@ -37,12 +37,12 @@ from ..runtime.flight import RECORDER
 from ..runtime.transport.base import group_key
 from . import config, gradients
 from .arguments import (COLLECTIVE_OF, REDUCE_OPS, AllgatherOptions, AllreduceOptions, BroadcastOptions,
-                        ReduceScatterOptions, even, first_tensor, options_with, plain, scatter_into)
+                        ReduceScatterOptions, even, first_tensor, options_with, plain, queued, scatter_into,
+                        subgroup_timeout)
 from .gloo_engine import make_gloo
 from .work import EngineWork, Joined, Then, Work, in_torch_terms
 
 BACKEND = "gradsync"
-INLINE_MAX = 256 << 10      # a collective up to this size runs in the caller's thread (its hand-over costs more)
 
 
 _settling: list = []         # whether the exit hook is registered (once per process)
@@ -53,15 +53,6 @@ def _settle_engines() -> None:
     The last reference to one, dropped during teardown, needs a GIL that no longer exists and
     aborts the process after the script's last line: a failed job to torchrun (reliability.md)."""
     time.sleep(0.05)
-
-
-def queued(nbytes: int, opts) -> bool:
-    """Whether a call goes to the group's progress thread: only a large one whose caller goes on
-    (DDP's buckets, FSDP2's prefetches, ``async_op=True``). A blocking call (``dist.all_reduce``
-    without async_op sets the options' asyncOp to False, then waits at once) runs in the
-    caller's thread at every size: handing 1 to 4 MiB over to the thread and waiting for it
-    took 1.6x the call's own time on 2 cores. ``queued(1 << 20, AllreduceOptions())`` is True."""
-    return nbytes > INLINE_MAX and getattr(opts, "asyncOp", True)
 
 
 class GradsyncGroup(dist.ProcessGroup):
@@ -186,6 +177,19 @@ class GradsyncGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    @property
+    def options(self):
+        """The engine's options, as Gloo's group offers them (``options._timeout``: the group's timeout)."""
+        return self.engines["cpu"].options
+
+    def _set_default_timeout(self, timeout: datetime.timedelta) -> None:
+        """A new timeout for the group's collectives, as Gloo's group takes one: the engine's, and
+        the bound within which gradsync names a failed peer."""
+        self.engines["cpu"]._set_default_timeout(timeout)
+        self.timeout = timeout.total_seconds()
+        if self._comm is not None:
+            self._comm.timeout = self.timeout
 
     @property
     def _device_types(self):
@@ -378,17 +382,6 @@ class GradsyncGroup(dist.ProcessGroup):
             pass
 
 
-def _timeout(timeout: datetime.timedelta) -> datetime.timedelta:
-    """A subgroup made without a timeout (DeviceMesh's, torch's 30-minute default) takes the
-    default group's, as a user who gave ``init_process_group`` one expects: else a stopped
-    rank would be waited for 30 minutes in an HSDP shard group."""
-    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-    mine = getattr(default, "timeout", None)
-    if timeout == dist.default_pg_timeout and isinstance(mine, float) and mine < timeout.total_seconds():
-        return datetime.timedelta(seconds=mine)
-    return timeout
-
-
 def create(opts, backend_options=None) -> GradsyncGroup:
     """The creator torch.distributed calls (``extended_api=True``): ``opts`` carries the
     group's store, rank, size and timeout. The algorithm choices are read here, so a bad
@@ -396,4 +389,4 @@ def create(opts, backend_options=None) -> GradsyncGroup:
 
     Example: ``dist.Backend.register_backend("gradsync", create, extended_api=True, devices=["cpu"])``.
     """
-    return GradsyncGroup(opts.store, opts.group_rank, opts.group_size, _timeout(opts.timeout))
+    return GradsyncGroup(opts.store, opts.group_rank, opts.group_size, subgroup_timeout(opts.timeout))
