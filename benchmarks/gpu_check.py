@@ -92,7 +92,7 @@ def codec_rates(device, elements: int) -> dict:
     """GB/s of float32 gradient each codec processes on ``device``, beside PCIe and NICs."""
     from gradsync.coding import cerar
     from gradsync.compression import make
-    from gradsync.tools.codec_predict import _Still
+    from gradsync.tools.codec_predict import StillExchange
 
     grad = torch.randn(elements, device=device)
     nbytes = grad.numel() * grad.element_size()
@@ -112,7 +112,7 @@ def codec_rates(device, elements: int) -> dict:
             return worker.result()
 
         out["codecs"][f"cerar N=8 c={c}"] = nbytes / _median_s(coded, device) / 1e9
-    codec, still = make("powersgd:rank=4"), _Still(8)
+    codec, still = make("powersgd:rank=4"), StillExchange(8)
     work = grad.clone()
     try:
         out["codecs"]["powersgd:rank=4"] = nbytes / _median_s(lambda: codec.reduce(work.copy_(grad), still, key=0),

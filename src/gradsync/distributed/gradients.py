@@ -78,10 +78,8 @@ class Setting:
         """Refuse (ConfigError) what cannot meet its bound for ``workers`` ranks: a CERAR design
         whose predicted error passes max_error, or one that needs more ranks."""
         if self.name == "cerar" and workers > 1:
-            from .. import algorithms
-
             try:
-                algorithms.build("cerar", workers, workers * 64, **dict(self.options))
+                self.design(workers)
             except ConfigError as exc:
                 raise ConfigError(f"{ENV}={self.text!r} for {workers} ranks: {exc}") from None
 

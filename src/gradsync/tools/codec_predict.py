@@ -34,7 +34,7 @@ RATE_ELEMENTS = 1 << 18
 OVERHEAD_ELEMENTS = 64          # small enough that the wire and the codec's compute vanish
 
 
-class _Still:
+class StillExchange:
     """An exchange that moves nothing, for timing a codec's compute alone."""
 
     def __init__(self, workers: int):
@@ -72,7 +72,7 @@ def codec_rate(compression: str, workers: int, elements: int = RATE_ELEMENTS, re
     """
     codec = make(compression)
     grad = torch.randn(elements, generator=torch.Generator().manual_seed(0))
-    x, exchange = grad.clone(), _Still(workers)
+    x, exchange = grad.clone(), StillExchange(workers)
     return elements / _timed(lambda: codec.reduce(x.copy_(grad), exchange, key=0), repeats)
 
 
